@@ -1,0 +1,27 @@
+// Lab skeleton generated from solutions/00-first-kernel/first_kernel.h by `./course labs` [lab-hash 4723b892a87b].
+// Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
+// Instructors: edit the solution file instead, then run `./course labs`.
+// Lab 00's kernel launchers: plain pointers and a stream, no torch types, so the
+// kernel file compiles without torch headers and the wrapper is the only bridge.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+struct LaunchConfig {
+  int blocks;
+  int threads;
+};
+
+// Threads per block and blocks per grid for a grid-stride loop over n >= 1 elements,
+// given the GPU's multiprocessor count and resident-thread limit per multiprocessor.
+LaunchConfig launch_config(int64_t n, int sm_count, int max_threads_per_sm);
+
+// y = alpha * x over n floats. blocks = 0 derives the grid with launch_config;
+// any other value forces that many blocks (the result must not change).
+void launch_scale(const float* x, float* y, float alpha, int64_t n, int blocks, cudaStream_t stream);
+
+// out = alpha * x + y over n floats; blocks as for launch_scale.
+void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks,
+                 cudaStream_t stream);

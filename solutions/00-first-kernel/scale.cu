@@ -1,0 +1,85 @@
+// Lab 00: the first kernels. One thread per element would need as many threads as
+// elements; a grid-stride loop lets a grid of any size cover any n.
+#include <course/cuda.cuh>
+
+#include <algorithm>
+
+#include "first_kernel.h"
+
+// --8<-- [start:threads]
+// 256 threads = 8 warps per block. Why this number:
+//  - a multiple of the 32-thread warp, so no warp runs partly empty;
+//  - at most 1024, the hardware's limit per block;
+//  - at least 2048 / 32 = 64: an SM holds at most 32 blocks, so smaller blocks would
+//    hit that cap before the 2048 resident threads of sm_80/sm_90 (1024 on sm_75);
+//  - it divides 1024 and 2048, so whole blocks fill an SM on every GPU we support.
+constexpr int kThreadsPerBlock = 256;
+static_assert(kThreadsPerBlock % 32 == 0, "whole warps only");
+static_assert(kThreadsPerBlock <= 1024, "the hardware limit of threads per block");
+static_assert(kThreadsPerBlock >= 2048 / 32, "32 blocks per SM must be able to reach 2048 threads");
+static_assert(1024 % kThreadsPerBlock == 0 && 2048 % kThreadsPerBlock == 0, "whole blocks fill an SM");
+// --8<-- [end:threads]
+
+// --8<-- [start:scale_kernel]
+__global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float alpha, int64_t n) {
+  // SOLUTION BEGIN lab00.1: grid-stride loop: start at this thread's global index and step by the number of threads in the whole grid, so any grid covers all n elements
+  // 64-bit indices: n can exceed 2^31 elements (8 GiB of floats fits on an H100).
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    y[i] = alpha * x[i];
+  }
+  // SOLUTION END
+}
+// --8<-- [end:scale_kernel]
+
+__global__ void axpy_kernel(float alpha, const float* __restrict__ x, const float* __restrict__ y,
+                            float* __restrict__ out, int64_t n) {
+  // SOLUTION BEGIN lab00.3: the same grid-stride loop, computing out[i] = alpha * x[i] + y[i]
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    out[i] = alpha * x[i] + y[i];
+  }
+  // SOLUTION END
+}
+
+// --8<-- [start:launch_config]
+LaunchConfig launch_config(int64_t n, int sm_count, int max_threads_per_sm) {
+  // SOLUTION BEGIN lab00.2: derive the launch: kThreadsPerBlock threads; enough blocks to cover n, but no more than fit on the GPU at once (sm_count * max_threads_per_sm threads), since the grid-stride loop covers the rest
+  // One full wave: every SM holds max_threads_per_sm / kThreadsPerBlock blocks at once.
+  // More blocks would wait for a free SM and add nothing a grid-stride loop does not
+  // already do; fewer would leave SMs idle. This also keeps blocks far below
+  // gridDim.x's limit of 2^31 - 1 however large n grows.
+  const int64_t resident_blocks = static_cast<int64_t>(sm_count) * (max_threads_per_sm / kThreadsPerBlock);
+  const int64_t needed_blocks = course::ceil_div<int64_t>(n, kThreadsPerBlock);
+  LaunchConfig config{static_cast<int>(std::max<int64_t>(1, std::min(needed_blocks, resident_blocks))),
+                      kThreadsPerBlock};
+  // SOLUTION STUB
+  LaunchConfig config{1, 1};
+  // SOLUTION END
+  return config;
+}
+// --8<-- [end:launch_config]
+
+static LaunchConfig config_for(int64_t n, int blocks) {
+  LaunchConfig config = launch_config(n, course::device_attribute(cudaDevAttrMultiProcessorCount),
+                                      course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
+  if (blocks > 0) config.blocks = blocks;
+  return config;
+}
+
+// --8<-- [start:launch_scale]
+void launch_scale(const float* x, float* y, float alpha, int64_t n, int blocks, cudaStream_t stream) {
+  if (n == 0) return;  // a grid of zero blocks is an invalid launch, not a no-op
+  const LaunchConfig config = config_for(n, blocks);
+  scale_kernel<<<config.blocks, config.threads, 0, stream>>>(x, y, alpha, n);
+  COURSE_CHECK_LAUNCH();
+}
+// --8<-- [end:launch_scale]
+
+void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  const LaunchConfig config = config_for(n, blocks);
+  axpy_kernel<<<config.blocks, config.threads, 0, stream>>>(alpha, x, y, out, n);
+  COURSE_CHECK_LAUNCH();
+}

@@ -1,0 +1,71 @@
+"""The course's grading harness: the one module every `test_NN_slug.py` goes through.
+
+Tests never build, locate or time a lab themselves; they ask `harness.lab("NN")`
+for a handle and call its methods. Which tree is graded (labs, solutions or a
+submission) comes from `./course grade --impl` through the COURSE_IMPL variable.
+"""
+from __future__ import annotations
+
+import re
+from functools import cached_property
+
+import pytest
+import torch
+
+from . import build as _build
+from . import check, perf, trees
+from .check import GradeFailure, poison_allocator, poisoned, random_tensor, tolerance
+
+HAS_GPU = torch.cuda.is_available()
+NO_GPU_REASON = (
+    "no CUDA GPU on this machine: the lab was built and imported, but its kernels can only run "
+    "on a CUDA GPU (grade there, or on Colab)"
+)
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+# Generic error lines of nvcc and g++ ("file(12): error: ..." or "file:12:3: error: ...").
+_COMPILER_ERROR = re.compile(r"(error[: ]|Error [0-9]|undefined symbol)", re.IGNORECASE)
+
+
+class LabHandle:
+    """One lab in the tree under grading: its build, its checks, its timings."""
+
+    def __init__(self, number: str):
+        self.lab = trees.find_lab(number)
+        self.tree = trees.resolve_tree()
+
+    @cached_property
+    def module(self):
+        try:
+            return _build.build(self.lab, self.tree)
+        except Exception as error:  # nvcc/g++/ninja failures arrive as RuntimeError with the log
+            text = str(error)
+            first = [line for line in text.splitlines() if _COMPILER_ERROR.search(line)][:8]
+            detail = "\n    ".join(first) if first else text[-2000:]
+            raise GradeFailure(
+                f"lab {self.lab.name} ({self.tree.path}) did not build:\n    {detail}\n"
+                f"  hint: run `./course build {self.lab.number} --impl {self.tree.path}` for the full compiler output"
+            ) from None
+
+    def assert_close(self, out, ref, *, case, tol, tasks=(), **kw) -> float:
+        return check.assert_close(out, ref, case=case, tol=tol, lab=self.lab, tree=self.tree, tasks=tasks, **kw)
+
+    def assert_raises_clearly(self, fn, *, must_mention, case, tasks=()) -> str:
+        return check.assert_raises_clearly(
+            fn, must_mention=must_mention, case=case, lab=self.lab, tree=self.tree, tasks=tasks
+        )
+
+    def perf(self, **kw) -> perf.PerfCase:
+        return perf.perf_case(lab=self.lab.name, is_reference=self.tree.is_reference, **kw)
+
+    def open_todos(self):
+        return check.open_todos(self.lab, self.tree)
+
+
+def lab(number: str) -> LabHandle:
+    return LabHandle(number)
+
+
+__all__ = [
+    "GradeFailure", "HAS_GPU", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
+    "requires_gpu", "tolerance", "trees", "perf", "check",
+]

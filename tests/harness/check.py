@@ -1,0 +1,194 @@
+"""Correctness checks: tolerances derived from the dtype, poisoned outputs, and
+failure messages that say what went wrong, where, and what to do next."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import trees
+
+# Unit roundoff u = 2^-(mantissa bits + 1): the largest relative error of one rounding.
+UNIT_ROUNDOFF = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+}
+# Headroom over one rounding: a handful of operations per element, each rounding once.
+SAFETY = 8.0
+
+
+def tolerance(dtype: torch.dtype, reduction_length: int = 1) -> float:
+    """Relative tolerance for a result computed in `dtype`.
+
+    Rounding errors of a length-K reduction grow like sqrt(K) when they are
+    independent (the typical case; the worst case is K). Elementwise ops have K = 1.
+    """
+    return SAFETY * UNIT_ROUNDOFF[dtype] * math.sqrt(max(1, reduction_length))
+
+
+class GradeFailure(AssertionError):
+    """A failed check; its message is what the student reads."""
+
+
+# ---------------------------------------------------------------- TODO tracking
+TODO_PATTERN = re.compile(r"TODO\((lab\d\d\.\d+)\):?\s*(.*)")
+
+
+@dataclass(frozen=True)
+class Todo:
+    task: str
+    path: Path
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"TODO({self.task}) at {self.path.name}:{self.line}: {self.text}"
+
+
+def open_todos(lab: trees.Lab, tree: trees.Tree) -> list[Todo]:
+    """The TODO(labNN.k) markers still present in the tree's copy of the lab."""
+    found = []
+    folder = lab.dir_in(tree)
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        if path.suffix not in trees.GENERATED_SUFFIXES or path.suffix == ".ipynb":
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            match = TODO_PATTERN.search(line)
+            if match and match.group(1).startswith(lab.module_stem):
+                found.append(Todo(match.group(1), path, number, match.group(2).strip()))
+    return found
+
+
+def todo_note(lab: trees.Lab, tree: trees.Tree, tasks: tuple[str, ...] = ()) -> str:
+    """A line for the failure message when the task under test is still a TODO."""
+    todos = [t for t in open_todos(lab, tree) if not tasks or t.task in tasks]
+    if not todos:
+        return ""
+    lines = "\n".join(f"    {t}" for t in todos)
+    return f"\n  unfinished: this check needs these TODOs done:\n{lines}"
+
+
+# ---------------------------------------------------------------- inputs and outputs
+def poisoned(shape, dtype: torch.dtype, device="cuda") -> torch.Tensor:
+    """An output buffer whose every element fails the comparison until written."""
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.full(shape, torch.iinfo(dtype).max, dtype=dtype, device=device)
+
+
+def poison_allocator(numel: int, dtype: torch.dtype, device="cuda") -> None:
+    """Make the next allocation of this size come back full of NaN.
+
+    An op that allocates its own output gets it from PyTorch's caching allocator,
+    which may hand back a block still holding a correct earlier result. Filling a
+    block of the same size with NaN and freeing it puts that block first in line.
+    """
+    block = poisoned((max(1, numel),), dtype, device)
+    del block
+
+
+def random_tensor(shape, dtype: torch.dtype, device="cuda", generator=None) -> torch.Tensor:
+    """Standard normal values: signed, varied magnitudes, never all zeros."""
+    return torch.randn(shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
+
+
+# ---------------------------------------------------------------- comparison
+def _where(flat_index: int, shape: tuple[int, ...], block: int | None, tile: tuple[int, int] | None) -> str:
+    index = []
+    rest = flat_index
+    for size in reversed(shape):
+        index.append(rest % size if size else 0)
+        rest = rest // size if size else 0
+    index = list(reversed(index))
+    text = f"index {index}" if len(shape) != 1 else f"index {flat_index}"
+    if tile is not None and len(shape) >= 2:
+        row, col = index[-2], index[-1]
+        text += f" (row {row}, col {col}; tile ({row // tile[0]}, {col // tile[1]}) of {tile[0]}x{tile[1]})"
+    elif block is not None:
+        text += f" (flat {flat_index}: block {flat_index // block}, thread {flat_index % block} of {block})"
+    return text
+
+
+def assert_close(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    *,
+    case: str,
+    tol: float,
+    lab: trees.Lab | None = None,
+    tree: trees.Tree | None = None,
+    tasks: tuple[str, ...] = (),
+    block: int | None = None,
+    tile: tuple[int, int] | None = None,
+    hint: str = "",
+) -> float:
+    """Check `out` against a float64 reference; return the relative error.
+
+    An element is wrong when |out - ref| > tol * (|ref| + rms(ref)): relative to
+    its own size, with a floor at the tensor's typical size so that values near
+    zero are judged on the scale of the data. NaN is always wrong where the
+    reference is finite: outputs start poisoned with NaN, so a NaN usually means
+    the element was never written.
+    """
+    if tuple(out.shape) != tuple(ref.shape):
+        raise GradeFailure(
+            f"{case}: output shape {tuple(out.shape)} but expected {tuple(ref.shape)}"
+            + (todo_note(lab, tree, tasks) if lab else "")
+        )
+    got = out.detach().to(torch.float64)
+    want = ref.detach().to(torch.float64).to(got.device)
+    diff = (got - want).abs()
+    scale = want.abs().pow(2).mean().sqrt().item() if want.numel() else 0.0
+    allowed = tol * (want.abs() + scale)
+    bad = ~(diff <= allowed)  # NaN compares False, so NaN counts as wrong
+    bad &= ~(want.isnan() & got.isnan())
+    ref_norm = want.nan_to_num().norm().item()
+    finite = ~got.isnan()
+    rel_error = ((got - want)[finite].norm().item() / ref_norm) if ref_norm else diff[finite].max().item() if finite.any() else 0.0
+    n_bad = int(bad.sum().item())
+    if n_bad == 0:
+        return rel_error
+    n_nan = int((bad & got.isnan()).sum().item())
+    first = int(bad.flatten().nonzero()[0].item())
+    got_first = got.flatten()[first].item()
+    want_first = want.flatten()[first].item()
+    lines = [
+        f"{case}: {n_bad} of {out.numel()} elements wrong ({100.0 * n_bad / max(1, out.numel()):.3g}%), "
+        f"relative error {rel_error:.2e} over the finite ones (tolerance {tol:.1e}, dtype {str(out.dtype).replace('torch.', '')})",
+        f"  first wrong element at {_where(first, tuple(out.shape), block, tile)}: got {got_first:.6g}, expected {want_first:.6g}",
+    ]
+    if n_nan:
+        lines.append(
+            f"  {n_nan} wrong elements are NaN: the output starts filled with NaN, so these were most likely never written"
+        )
+    if hint:
+        lines.append(f"  hint: {hint}")
+    message = "\n".join(lines)
+    if lab is not None and tree is not None:
+        message += todo_note(lab, tree, tasks)
+    raise GradeFailure(message)
+
+
+def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str, lab=None, tree=None, tasks=()) -> str:
+    """Bad input must raise an error whose message names the problem."""
+    try:
+        fn()
+    except (RuntimeError, ValueError, TypeError) as error:  # TORCH_CHECK raises RuntimeError subclasses
+        text = str(error)
+        missing = [word for word in must_mention if word.lower() not in text.lower()]
+        if missing:
+            raise GradeFailure(
+                f"{case}: raised, but the message does not mention {missing}; it said:\n    {text.splitlines()[0][:300]}"
+                + (todo_note(lab, tree, tasks) if lab else "")
+            ) from None
+        return text
+    raise GradeFailure(
+        f"{case}: expected a clear error, but the call returned normally" + (todo_note(lab, tree, tasks) if lab else "")
+    )

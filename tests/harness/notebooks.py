@@ -1,0 +1,59 @@
+"""Each lab's notebook: committed without outputs, valid everywhere, executed on a GPU."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from . import trees
+
+# IPython syntax that is not Python: shell escapes and magics.
+_IPYTHON_LINE = re.compile(r"^\s*[!%]")
+
+
+def notebook_path(lab: trees.Lab, tree: trees.Tree) -> Path:
+    return lab.dir_in(tree) / f"{lab.name}.ipynb"
+
+
+def validate(lab: trees.Lab, tree: trees.Tree) -> None:
+    path = notebook_path(lab, tree)
+    assert path.exists(), f"lab {lab.name} has no notebook: expected {path}"
+    notebook = json.loads(path.read_text())
+    try:
+        import nbformat
+    except ImportError:
+        nbformat = None
+    if nbformat is not None:
+        nbformat.validate(nbformat.reads(path.read_text(), as_version=4))
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        assert not cell.get("outputs") and cell.get("execution_count") is None, (
+            f"{path.name} cell {index} has outputs: commit notebooks cleared (Kernel > Restart & Clear Output)"
+        )
+        source = "".join(cell["source"])
+        python = "\n".join("pass" if _IPYTHON_LINE.match(line) else line for line in source.splitlines())
+        try:
+            ast.parse(python)
+        except SyntaxError as error:
+            raise AssertionError(f"{path.name} cell {index} is not valid Python: {error}") from None
+
+
+def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
+    """Run every cell top to bottom in a fresh kernel, in the lab's folder."""
+    nbclient = pytest.importorskip(
+        "nbclient", reason="nbclient is not installed here, so the notebook was not executed (pip install nbclient ipykernel)"
+    )
+    import nbformat
+
+    path = notebook_path(lab, tree)
+    notebook = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as error:
+        raise AssertionError(f"{path.name} failed while executing:\n{str(error)[-3000:]}") from None

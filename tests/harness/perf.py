@@ -1,0 +1,133 @@
+"""Timing against the PyTorch baseline in the same process, the same run.
+
+Method: CUDA events around each call, warm-up first, the L2 flushed before
+every timed call (so a small input is not served from cache), ours and the
+baseline interleaved (so clock drift hits both), the median of many runs.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from .check import GradeFailure
+
+# Every perf case measured in this process; conftest writes them out for `./course bench`.
+RESULTS: list[dict] = []
+_ceilings: dict[str, float] = {}
+_flush: dict[int, torch.Tensor] = {}
+
+
+def _flush_l2() -> None:
+    device = torch.cuda.current_device()
+    if device not in _flush:
+        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        _flush[device] = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device="cuda")
+    _flush[device].zero_()
+
+
+def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 25, flush_l2: bool = True):
+    """Median milliseconds of `ours` and of `baseline`, timed alternately."""
+    for _ in range(warmup):
+        ours()
+        baseline()
+    torch.cuda.synchronize()
+    times = {"ours": [], "baseline": []}
+    for _ in range(reps):
+        for key, fn in (("ours", ours), ("baseline", baseline)):
+            if flush_l2:
+                _flush_l2()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            times[key].append((start, end))
+    torch.cuda.synchronize()
+    return tuple(statistics.median(s.elapsed_time(e) for s, e in times[key]) for key in ("ours", "baseline"))
+
+
+def copy_bandwidth() -> float:
+    """The measured ceiling for memory-bound kernels: a 1 GiB device-to-device copy, in GB/s
+    (bytes read plus bytes written)."""
+    if "copy" not in _ceilings:
+        src = torch.randn(2**28, device="cuda")
+        dst = torch.empty_like(src)
+        ms, _ = time_pair(lambda: dst.copy_(src), lambda: None, warmup=3, reps=20, flush_l2=False)
+        _ceilings["copy"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+        del src, dst
+    return _ceilings["copy"]
+
+
+@dataclass
+class PerfCase:
+    lab: str
+    name: str
+    baseline_name: str
+    ours_ms: float
+    baseline_ms: float
+    student_bar: float
+    target: float
+    bytes: int = 0
+    flops: int = 0
+    ratio: float = field(init=False)
+    ours_gbps: float = field(init=False)
+    pct_of_copy: float | None = None
+    ours_tflops: float = field(init=False)
+
+    def __post_init__(self):
+        self.ratio = self.baseline_ms / self.ours_ms
+        self.ours_gbps = self.bytes / (self.ours_ms * 1e-3) / 1e9 if self.bytes else 0.0
+        self.ours_tflops = self.flops / (self.ours_ms * 1e-3) / 1e12 if self.flops else 0.0
+
+    def summary(self) -> str:
+        text = f"{self.name}: {self.ratio:.2f}x {self.baseline_name} ({self.ours_ms:.3f} ms vs {self.baseline_ms:.3f} ms)"
+        if self.bytes:
+            text += f", {self.ours_gbps:.0f} GB/s"
+            if self.pct_of_copy is not None:
+                text += f" = {self.pct_of_copy:.0f}% of copy bandwidth"
+        if self.flops:
+            text += f", {self.ours_tflops:.1f} TFLOP/s"
+        return text
+
+
+def perf_case(
+    *,
+    lab: str,
+    name: str,
+    ours: Callable,
+    baseline: Callable,
+    baseline_name: str,
+    student_bar: float,
+    target: float,
+    is_reference: bool,
+    bytes_moved: int = 0,
+    flops: int = 0,
+    verify: Callable[[], None] | None = None,
+    reps: int = 25,
+) -> PerfCase:
+    """Time ours against the baseline and hold it to the bar.
+
+    The bar is the reference target when grading the solutions and the student
+    bar otherwise. `verify` runs after timing on what the timed calls produced,
+    so a kernel that is fast because it skips work fails here too.
+    """
+    ours_ms, baseline_ms = time_pair(ours, baseline, reps=reps)
+    case = PerfCase(lab, name, baseline_name, ours_ms, baseline_ms, student_bar, target, bytes_moved, flops)
+    if bytes_moved:
+        case.pct_of_copy = 100.0 * case.ours_gbps / copy_bandwidth()
+    record = asdict(case)
+    record["gpu"] = torch.cuda.get_device_name()
+    RESULTS.append(record)
+    if verify is not None:
+        verify()
+    bar = target if is_reference else student_bar
+    who = "reference target" if is_reference else "student bar"
+    print(case.summary())
+    if case.ratio < bar:
+        raise GradeFailure(
+            f"{case.summary()}\n  below the {who} of {bar:.2f}x "
+            f"(student bar {student_bar:.2f}x, reference target {target:.2f}x)"
+        )
+    return case

@@ -1,0 +1,133 @@
+"""Where things live: the repository's trees, labs, and build folders.
+
+This is the only module that knows paths. It imports nothing outside the
+standard library, so the `./course` CLI can use it before torch is installed.
+
+A *tree* is a directory laid out like `labs/`: one folder per lab, named
+`NN-slug`. `labs` (the student skeletons) and `solutions` (the references) are
+the two built-in trees; any other path (a student's submission) is a tree too.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LABS = ROOT / "labs"
+SOLUTIONS = ROOT / "solutions"
+TESTS = ROOT / "tests"
+BUILD = ROOT / "build"
+INCLUDE = ROOT / "include"
+LESSONS = ROOT / "lessons"
+BENCH_DATA = ROOT / "site" / "data" / "bench"
+
+# Environment variable through which `./course` tells pytest which tree to grade.
+IMPL_ENV = "COURSE_IMPL"
+LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
+# Files of a lab that the JIT build compiles.
+SOURCE_SUFFIXES = (".cu", ".cpp")
+# Files that take part in lab generation (solution markers may appear in each).
+GENERATED_SUFFIXES = (".cu", ".cuh", ".cpp", ".h", ".py", ".ipynb")
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A directory of labs and the short tag that names its builds."""
+
+    path: Path
+    tag: str  # 'labs', 'solutions' or 'sub_<name>_<hash>': used in build dirs and module names
+
+    @property
+    def is_reference(self) -> bool:
+        return self.path == SOLUTIONS
+
+
+def resolve_tree(impl: str | None = None) -> Tree:
+    """`labs`, `solutions`, or a path to a submission laid out like `labs/`."""
+    impl = impl or os.environ.get(IMPL_ENV) or "solutions"
+    if impl == "labs":
+        return Tree(LABS, "labs")
+    if impl == "solutions":
+        return Tree(SOLUTIONS, "solutions")
+    path = Path(impl).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"--impl {impl!r}: no such directory. Give 'labs', 'solutions', or the path "
+            "of a submission laid out like labs/ (one NN-slug folder per lab)."
+        )
+    if path == LABS.resolve():
+        return Tree(LABS, "labs")
+    if path == SOLUTIONS.resolve():
+        return Tree(SOLUTIONS, "solutions")
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9]", "_", path.name)[:24]
+    return Tree(path, f"sub_{name}_{digest}")
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: str  # two digits, e.g. '00'
+    slug: str  # e.g. 'first-kernel'
+
+    @property
+    def name(self) -> str:
+        return f"{self.number}-{self.slug}"
+
+    @property
+    def module_stem(self) -> str:
+        return f"lab{self.number}"
+
+    @property
+    def test_file(self) -> Path:
+        return TESTS / f"test_{self.number}_{self.slug.replace('-', '_')}.py"
+
+    @property
+    def marker(self) -> str:
+        return f"lab{self.number}"
+
+    @property
+    def bench_file(self) -> Path:
+        return BENCH_DATA / f"{self.name}.json"
+
+    @property
+    def lesson_page(self) -> Path:
+        return LESSONS / f"{self.name}.md"
+
+    def dir_in(self, tree: Tree) -> Path:
+        return tree.path / self.name
+
+    def build_dir(self, tree: Tree) -> Path:
+        return BUILD / "jit" / tree.tag / self.name
+
+
+def all_labs() -> list[Lab]:
+    """Every lab, in lesson order; `solutions/` is the source of truth."""
+    labs = []
+    for entry in sorted(SOLUTIONS.iterdir()):
+        match = LAB_DIR_PATTERN.match(entry.name)
+        if entry.is_dir() and match:
+            labs.append(Lab(match.group(1), match.group(2)))
+    return labs
+
+
+def find_lab(key: str) -> Lab:
+    """A lab by number ('0', '00'), by full name ('00-first-kernel') or by slug."""
+    key = key.strip()
+    for lab in all_labs():
+        if key in (lab.number, lab.name, lab.slug) or (key.isdigit() and int(key) == int(lab.number)):
+            return lab
+    known = ", ".join(lab.name for lab in all_labs())
+    raise KeyError(f"no lab {key!r}; the labs are: {known}")
+
+
+def lab_sources(lab: Lab, tree: Tree) -> list[Path]:
+    """The files the JIT build compiles, in a stable order."""
+    folder = lab.dir_in(tree)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{folder} does not exist: the submission has no folder for lab {lab.name}"
+        )
+    return sorted(p for p in folder.iterdir() if p.suffix in SOURCE_SUFFIXES)

@@ -1,0 +1,185 @@
+"""Grader for lab 00: scale and axpy, their launch configuration and input checks."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import harness
+from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+
+LAB = harness.lab("00")
+FP32 = torch.float32
+THREADS = 256  # the solution's block size: the grader reports wrong elements by block
+SHAPES = [(1,), (31,), (4097,), (2**24 + 3,), (3, 5, 7), (64, 1000)]
+# (name, multiprocessors, max resident threads per multiprocessor) of GPUs students use.
+GPUS = [("T4", 40, 1024), ("A100", 108, 2048), ("H100", 132, 2048)]
+GRID_HINT = ("a grid-stride loop starts at blockIdx.x * blockDim.x + threadIdx.x and steps by "
+             "gridDim.x * blockDim.x until n, so every element is covered whatever the grid size")
+
+
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def test_builds():
+    """The lab compiles and imports: checked on every machine, GPU or not."""
+    for name in ("scale", "axpy", "launch_config"):
+        assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
+
+
+# ---------------------------------------------------------------- CPU-side: the launch configuration
+@pytest.mark.parametrize("gpu, sm_count, max_threads", GPUS, ids=[g[0] for g in GPUS])
+@pytest.mark.parametrize("n", [1, 31, 4097, 2**24 + 3, 2**40])
+def test_launch_config(gpu, sm_count, max_threads, n):
+    blocks, threads = LAB.module.launch_config(n, sm_count, max_threads)
+    case = f"launch_config(n={n}) on a {gpu} ({sm_count} SMs, {max_threads} threads/SM) gave {blocks} blocks x {threads} threads"
+    problems = []
+    if threads % 32 or not 32 <= threads <= 1024:
+        problems.append("threads per block must be a multiple of the 32-thread warp, between 32 and 1024")
+    if not 1 <= blocks <= 2**31 - 1:
+        problems.append("blocks must be between 1 and gridDim.x's limit of 2^31 - 1")
+    if (blocks - 1) * threads >= n:
+        problems.append("at least one whole block has no element to work on: use at most ceil(n / threads) blocks")
+    if blocks * threads < min(n, sm_count * max_threads):
+        problems.append(f"too few threads to fill the GPU: {sm_count} SMs hold {sm_count * max_threads} threads at once")
+    if problems:
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems) + harness.check.todo_note(LAB.lab, LAB.tree, ("lab00.2",)))
+
+
+# ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+def test_scale_refuses_cpu_tensor():
+    LAB.assert_raises_clearly(lambda: LAB.module.scale(torch.ones(4), 2.0), must_mention=("CUDA",),
+                              case="scale(x on the CPU)")
+
+
+def test_axpy_refuses_cpu_tensors():
+    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, torch.ones(4), torch.ones(4)), must_mention=("CUDA",),
+                              case="axpy(x, y on the CPU)", tasks=("lab00.4",))
+
+
+# ---------------------------------------------------------------- GPU: correctness
+@requires_gpu
+@pytest.mark.parametrize("blocks", [0, 1, 7], ids=["derived-grid", "1-block", "7-blocks"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_scale(shape, blocks):
+    x = random_tensor(shape, FP32)
+    alpha = random.uniform(-3, 3)
+    poison_allocator(x.numel(), FP32)
+    y = LAB.module.scale(x, alpha, blocks)
+    torch.cuda.synchronize()
+    LAB.assert_close(y, x.double() * alpha, case=f"scale shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
+                     tol=tolerance(FP32), tasks=("lab00.1", "lab00.2"), block=THREADS, hint=GRID_HINT)
+
+
+@requires_gpu
+@pytest.mark.parametrize("blocks", [0, 7], ids=["derived-grid", "7-blocks"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_axpy(shape, blocks):
+    x, y = random_tensor(shape, FP32), random_tensor(shape, FP32)
+    alpha = random.uniform(-3, 3)
+    poison_allocator(x.numel(), FP32)
+    out = LAB.module.axpy(alpha, x, y, blocks)
+    torch.cuda.synchronize()
+    LAB.assert_close(out, alpha * x.double() + y.double(), case=f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
+                     tol=tolerance(FP32), tasks=("lab00.3", "lab00.4"), block=THREADS, hint=GRID_HINT)
+
+
+@requires_gpu
+def test_empty_input():
+    x = torch.empty(0, device="cuda")
+    assert LAB.module.scale(x, 2.0).shape == (0,), "scale of an empty tensor must return an empty tensor"
+    assert LAB.module.axpy(2.0, x, x).shape == (0,), "axpy of empty tensors must return an empty tensor"
+
+
+@requires_gpu
+def test_runs_on_current_stream():
+    """The kernel must run on PyTorch's current stream, ordered after the work queued there."""
+    stream = torch.cuda.Stream()  # PyTorch's streams do not synchronize with the legacy default stream
+    source = random_tensor((2**20,), FP32)
+    x = torch.zeros_like(source)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before x is filled
+        x.copy_(source)
+        y = LAB.module.scale(x, 2.0)
+        out = LAB.module.axpy(2.0, x, x)
+    stream.synchronize()
+    hint = "launch with <<<blocks, threads, 0, stream>>> where stream = course::current_stream()"
+    LAB.assert_close(y, source.double() * 2, case="scale under torch.cuda.stream(s)", tol=tolerance(FP32), hint=hint)
+    LAB.assert_close(out, source.double() * 3, case="axpy under torch.cuda.stream(s)", tol=tolerance(FP32),
+                     tasks=("lab00.4",), hint=hint)
+
+
+# ---------------------------------------------------------------- GPU: bad input gets a clear error
+@requires_gpu
+def test_scale_input_errors():
+    x = random_tensor((33, 17), FP32)
+    LAB.assert_raises_clearly(lambda: LAB.module.scale(x.double(), 2.0), must_mention=("dtype", "float"),
+                              case="scale(x of dtype float64)")
+    LAB.assert_raises_clearly(lambda: LAB.module.scale(x.t(), 2.0), must_mention=("contiguous",),
+                              case="scale(x.t(), a non-contiguous view)")
+
+
+@requires_gpu
+def test_axpy_input_errors():
+    x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
+    tasks = ("lab00.4",)
+    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y[:, :16]), must_mention=("shape",),
+                              case="axpy(x [33, 17], y [33, 16])", tasks=tasks)
+    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y.half()), must_mention=("dtype",),
+                              case="axpy(x float32, y float16)", tasks=tasks)
+    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x.t(), y.t()), must_mention=("contiguous",),
+                              case="axpy(x.t(), y.t())", tasks=tasks)
+    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y.cpu()), must_mention=("CUDA",),
+                              case="axpy(x on the GPU, y on the CPU)", tasks=tasks)
+
+
+# ---------------------------------------------------------------- GPU: speed
+# Memory-bound: scale reads and writes 4 bytes per element, axpy reads 8 and writes 4.
+# 2^28 floats = 1 GiB per tensor, far past the L2, so this times HBM.
+PERF_N = 2**28
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_scale():
+    x = random_tensor((PERF_N,), FP32)
+    last = {}
+
+    def ours():
+        last["y"] = LAB.module.scale(x, 1.5)
+
+    def verify():
+        LAB.assert_close(last["y"], x * 1.5, case="scale: the output of the timed calls", tol=tolerance(FP32))
+
+    LAB.perf(name="scale 2^28 fp32", ours=ours, baseline=lambda: torch.mul(x, 1.5), baseline_name="torch.mul",
+             bytes_moved=2 * 4 * PERF_N, student_bar=0.5, target=0.8, verify=verify)
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_axpy():
+    x, y = random_tensor((PERF_N,), FP32), random_tensor((PERF_N,), FP32)
+    last = {}
+
+    def ours():
+        last["out"] = LAB.module.axpy(1.5, x, y)
+
+    def verify():
+        LAB.assert_close(last["out"], torch.add(y, x, alpha=1.5), case="axpy: the output of the timed calls",
+                         tol=tolerance(FP32), tasks=("lab00.3", "lab00.4"))
+
+    LAB.perf(name="axpy 2^28 fp32", ours=ours, baseline=lambda: torch.add(y, x, alpha=1.5),
+             baseline_name="torch.add(alpha=)", bytes_moved=3 * 4 * PERF_N, student_bar=0.5, target=0.8, verify=verify)
+
+
+# ---------------------------------------------------------------- the notebook
+def test_notebook_is_clean():
+    notebooks.validate(LAB.lab, LAB.tree)
+
+
+@requires_gpu
+def test_notebook_runs():
+    notebooks.execute(LAB.lab, LAB.tree)

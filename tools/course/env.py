@@ -1,0 +1,92 @@
+"""Which Python runs the tests and the site, and installing what it lacks.
+
+Rules (README "Set-up"):
+  - If the running python already has what a command needs (the GPU box, Colab),
+    use it and install nothing: that works with no network.
+  - Otherwise build a virtualenv from the pinned requirements, outside the clone
+    (a cache keyed by python version and requirement pins, so a warm machine does
+    not download torch again), and point `.venv` in the clone at it.
+  - `serve` needs only the docs group; `test` and `grade` need the test group.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "requirements"
+# What must import for a group to count as present in the running python.
+GROUP_MODULES = {
+    "docs": ("mkdocs", "material", "pymdownx"),
+    "test": ("torch", "pytest", "numpy", "ninja"),
+    "notebooks": ("nbformat", "nbclient", "ipykernel"),
+}
+
+
+def _has_modules(python: str, modules: tuple[str, ...]) -> bool:
+    if python == sys.executable:
+        return all(importlib.util.find_spec(m) is not None for m in modules)
+    probe = "import importlib.util,sys; sys.exit(0 if all(importlib.util.find_spec(m) for m in sys.argv[1:]) else 1)"
+    return subprocess.run([python, "-c", probe, *modules], capture_output=True).returncode == 0
+
+
+def requirements_key() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(REQUIREMENTS.glob("*.txt")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest.hexdigest()[:12]}"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("COURSE_CACHE") or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpu-ops-course"
+
+
+def venv_python() -> Path:
+    return ROOT / ".venv" / "bin" / "python"
+
+
+def _ensure_venv() -> Path:
+    target = cache_dir() / f"venv-{requirements_key()}"
+    if not (target / "bin" / "python").exists():
+        print(f"[course] creating a virtualenv at {target} (cached outside the clone)", flush=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(target)
+    link = ROOT / ".venv"
+    if link.is_symlink() and Path(os.readlink(link)) != target:
+        link.unlink()
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(target)
+    return target
+
+
+def python_for(group: str, extra_groups: tuple[str, ...] = ()) -> str:
+    """The python that runs `group`; installs the pinned requirements only if needed."""
+    if _has_modules(sys.executable, GROUP_MODULES[group]):
+        return sys.executable
+    if venv_python().exists() and all(
+        _has_modules(str(venv_python()), GROUP_MODULES[g]) for g in (group, *extra_groups)
+    ):
+        return str(venv_python())
+    target = _ensure_venv()
+    python = str(target / "bin" / "python")
+    for name in (group, *extra_groups):
+        stamp = target / f".installed-{name}-{requirements_key()}"
+        if stamp.exists():
+            continue
+        requirements = REQUIREMENTS / f"{name}.txt"
+        print(f"[course] installing {requirements.relative_to(ROOT)} into {target}", flush=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r", str(requirements)], check=True
+        )
+        stamp.touch()
+    return python
+
+
+def missing_optional(python: str, group: str) -> list[str]:
+    return [m for m in GROUP_MODULES[group] if not _has_modules(python, (m,))]

@@ -1,0 +1,149 @@
+"""Generate the student skeletons in labs/ from the reference solutions.
+
+A solution file marks each student task with a region:
+
+    // SOLUTION BEGIN lab00.1: what the student must do
+    ...reference code...
+    // SOLUTION STUB
+    ...code the skeleton keeps instead, so it still compiles (optional)...
+    // SOLUTION END
+
+(`#` instead of `//` in Python and notebook cells). In the generated lab the
+region becomes `// TODO(lab00.1): what the student must do` followed by the stub.
+Each generated file starts with a banner that names its source and records a
+hash of the generated body: a lab file whose body no longer matches its hash was
+edited by a student, and is never overwritten without --force.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+COMMENT = {".cu": "//", ".cuh": "//", ".cpp": "//", ".h": "//", ".py": "#"}
+BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>//|#)\s*SOLUTION BEGIN\s+(?P<task>lab\d\d\.\d+)\s*:\s*(?P<text>.*)$")
+STUB = re.compile(r"^\s*(//|#)\s*SOLUTION STUB\s*$")
+END = re.compile(r"^\s*(//|#)\s*SOLUTION END\s*$")
+BANNER_HASH = re.compile(r"\[lab-hash ([0-9a-f]{12})\]")
+SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints"}
+
+
+class MarkerError(ValueError):
+    pass
+
+
+def strip_solutions(text: str, where: str) -> str:
+    """Replace every SOLUTION region with its TODO line and stub."""
+    out: list[str] = []
+    state = "code"  # code -> solution -> stub -> code
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        begin = BEGIN.match(line)
+        if begin:
+            if state != "code":
+                raise MarkerError(f"{where}:{number}: SOLUTION BEGIN inside another region")
+            out.append(f"{begin['indent']}{begin['comment']} TODO({begin['task']}): {begin['text'].strip()}\n")
+            state = "solution"
+        elif STUB.match(line):
+            if state != "solution":
+                raise MarkerError(f"{where}:{number}: SOLUTION STUB outside a region")
+            state = "stub"
+        elif END.match(line):
+            if state == "code":
+                raise MarkerError(f"{where}:{number}: SOLUTION END without BEGIN")
+            state = "code"
+        elif state in ("code", "stub"):
+            out.append(line)
+    if state != "code":
+        raise MarkerError(f"{where}: a SOLUTION region is never closed")
+    return "".join(out)
+
+
+def body_hash(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:12]
+
+
+BANNER_LINES = 3
+
+
+def banner(source_rel: str, comment: str, digest: str) -> str:
+    number = Path(source_rel).parts[1][:2]
+    return (
+        f"{comment} Lab skeleton generated from {source_rel} by `./course labs` [lab-hash {digest}].\n"
+        f"{comment} Students: fill in the TODO(lab{number}.k) blocks, then run `./course grade {number}`.\n"
+        f"{comment} Instructors: edit the solution file instead, then run `./course labs`.\n"
+    )
+
+
+def generate_text(source: Path, source_rel: str) -> str:
+    """The lab file's full text for one solution file."""
+    if source.suffix == ".ipynb":
+        return _generate_notebook(source, source_rel)
+    text = source.read_text()
+    comment = COMMENT.get(source.suffix)
+    if comment is None:
+        return text  # copied verbatim (data, docs)
+    body = strip_solutions(text, source_rel)
+    return banner(source_rel, comment, body_hash(body)) + body
+
+
+def _generate_notebook(source: Path, source_rel: str) -> str:
+    notebook = json.loads(source.read_text())
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = strip_solutions(src, source_rel).splitlines(keepends=True)
+    notebook.setdefault("metadata", {}).pop("course", None)
+    body = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    notebook["metadata"]["course"] = {"generated_from": source_rel, "lab_hash": body_hash(body)}
+    return json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def recorded_and_actual_hash(path: Path) -> tuple[str | None, str]:
+    """The hash a generated file recorded, and the hash of its body now."""
+    text = path.read_text()
+    if path.suffix == ".ipynb":
+        notebook = json.loads(text)
+        recorded = notebook.get("metadata", {}).pop("course", {}).get("lab_hash")
+        return recorded, body_hash(json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    lines = text.splitlines(keepends=True)
+    match = BANNER_HASH.search(lines[0]) if lines else None
+    if not match:
+        return None, body_hash(text)
+    return match.group(1), body_hash("".join(lines[BANNER_LINES:]))
+
+
+@dataclass
+class Plan:
+    writes: list[tuple[Path, str]]
+    unchanged: list[Path]
+    student_edited: list[Path]  # would overwrite a file a student changed
+    extra: list[Path]  # in labs/ but generated from nothing
+
+
+def plan(solutions: Path, labs: Path, root: Path) -> Plan:
+    result = Plan([], [], [], [])
+    expected: set[Path] = set()
+    for source in sorted(solutions.rglob("*")):
+        if source.is_dir() or SKIP_NAMES & set(source.parts):
+            continue
+        target = labs / source.relative_to(solutions)
+        expected.add(target)
+        text = generate_text(source, str(source.relative_to(root)))
+        if target.exists() and target.read_text() == text:
+            result.unchanged.append(target)
+            continue
+        if target.exists():
+            try:
+                recorded, actual = recorded_and_actual_hash(target)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                recorded, actual = None, ""
+            if recorded is None or recorded != actual:
+                result.student_edited.append(target)
+        result.writes.append((target, text))
+    if labs.exists():
+        for existing in sorted(labs.rglob("*")):
+            if existing.is_file() and existing not in expected and not SKIP_NAMES & set(existing.parts):
+                result.extra.append(existing)
+    return result
