@@ -17,6 +17,7 @@ __host__ __device__ constexpr T ceil_div(T n, T per_block) {
   return (n + per_block - 1) / per_block;
 }
 
+// --8<-- [start:checks]
 // Throws (rather than exits) so the Python caller sees a RuntimeError that names
 // the failing call, and a grader process survives to report it.
 inline void check_cuda(cudaError_t status, const char* expr, const char* file, int line) {
@@ -26,6 +27,8 @@ inline void check_cuda(cudaError_t status, const char* expr, const char* file, i
                              std::to_string(line));
   }
 }
+
+// --8<-- [end:checks]
 
 // An attribute of the current device (multiprocessor count, threads per SM, ...),
 // read once per device and attribute: the query costs microseconds per launch otherwise.
@@ -44,8 +47,10 @@ inline int device_attribute(cudaDeviceAttr attribute) {
 
 }  // namespace course
 
+// --8<-- [start:macros]
 // Wrap every CUDA runtime call: COURSE_CUDA_CHECK(cudaMemsetAsync(...));
 #define COURSE_CUDA_CHECK(expr) ::course::check_cuda((expr), #expr, __FILE__, __LINE__)
 // After every launch: a bad configuration (too many threads, too much shared memory)
 // is reported here, at the launch, instead of surfacing later in an unrelated call.
 #define COURSE_CHECK_LAUNCH() ::course::check_cuda(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+// --8<-- [end:macros]

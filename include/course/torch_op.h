@@ -23,6 +23,7 @@ inline std::string describe(const at::Tensor& t) {
   return std::string(c10::toString(t.scalar_type())) + shape + "] on " + t.device().str();
 }
 
+// --8<-- [start:check_cuda_tensor]
 // A kernel can only dereference device memory: refuse CPU tensors before launch,
 // where the error can still say what to do, instead of an illegal address later.
 inline void check_cuda_tensor(const at::Tensor& t, const char* op, const char* name) {
@@ -30,6 +31,7 @@ inline void check_cuda_tensor(const at::Tensor& t, const char* op, const char* n
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", describe(t),
               "; move it with ", name, ".cuda() or create it with device='cuda'");
 }
+// --8<-- [end:check_cuda_tensor]
 
 inline void check_dtype(const at::Tensor& t, const char* op, const char* name, at::ScalarType want) {
   TORCH_CHECK(t.scalar_type() == want, op, ": ", name, " must have dtype ", c10::toString(want),

@@ -7,6 +7,7 @@ editing one kernel `.cu` recompiles that object and relinks; the host wrapper
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -54,7 +55,22 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
     build_dir = lab.build_dir(tree)
     build_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    module = load(
+    try:
+        module = _load(load, lab, tree, sources, build_dir, verbose, extra_cuda_cflags)
+    except ImportError as error:
+        # load() imports without rebuilding when it thinks nothing changed (e.g. after a
+        # compile was interrupted); run ninja ourselves so the real compiler error shows.
+        result = subprocess.run(["ninja", "-v"], cwd=build_dir, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"Error building extension:\n{result.stdout}{result.stderr}") from None
+        raise error
+    last_build_seconds[key] = time.perf_counter() - started
+    _built[key] = module
+    return module
+
+
+def _load(load, lab, tree, sources, build_dir, verbose, extra_cuda_cflags):
+    return load(
         name=module_name(lab, tree),
         sources=[str(s) for s in sources],
         extra_include_paths=[str(trees.INCLUDE), str(lab.dir_in(tree))],
@@ -63,9 +79,6 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
         build_directory=str(build_dir),
         verbose=verbose,
     )
-    last_build_seconds[key] = time.perf_counter() - started
-    _built[key] = module
-    return module
 
 
 def stale_lock(lab: trees.Lab, tree: trees.Tree) -> Path | None:

@@ -94,7 +94,8 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
     results = []
     if with_tooling:
         tooling = sorted(trees.TESTS.glob("test_course_*.py"))
-        results.append(run_lab_tests(python, tooling, "solutions", "course-tooling", verbose=args.verbose))
+        if tooling:
+            results.append(run_lab_tests(python, tooling, "solutions", "course-tooling", verbose=args.verbose))
     for lab in labs:
         if not lab.test_file.exists():
             print(f"[course] {lab.name}: no grader yet ({lab.test_file.relative_to(ROOT)} is missing)")

@@ -35,11 +35,11 @@ def _has_modules(python: str, modules: tuple[str, ...]) -> bool:
     return subprocess.run([python, "-c", probe, *modules], capture_output=True).returncode == 0
 
 
-def requirements_key() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(REQUIREMENTS.glob("*.txt")):
-        digest.update(path.name.encode() + path.read_bytes())
-    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest.hexdigest()[:12]}"
+def requirements_key(group: str = "test") -> str:
+    """Python version + the group's pins. The venv is keyed by the heavy group (test:
+    torch), so a change to the docs pins reinstalls the docs alone, not torch."""
+    digest = hashlib.sha256((REQUIREMENTS / f"{group}.txt").read_bytes()).hexdigest()[:12]
+    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
 
 
 def cache_dir() -> Path:
@@ -76,7 +76,7 @@ def python_for(group: str, extra_groups: tuple[str, ...] = ()) -> str:
     target = _ensure_venv()
     python = str(target / "bin" / "python")
     for name in (group, *extra_groups):
-        stamp = target / f".installed-{name}-{requirements_key()}"
+        stamp = target / f".installed-{name}-{requirements_key(name)}"
         if stamp.exists():
             continue
         requirements = REQUIREMENTS / f"{name}.txt"

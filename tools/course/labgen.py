@@ -5,8 +5,11 @@ A solution file marks each student task with a region:
     // SOLUTION BEGIN lab00.1: what the student must do
     ...reference code...
     // SOLUTION STUB
-    ...code the skeleton keeps instead, so it still compiles (optional)...
+    // ...code the skeleton gets instead, so it still compiles (optional)...
     // SOLUTION END
+
+Stub lines are commented out in the solution (so the solution compiles without
+them) and uncommented in the lab.
 
 (`#` instead of `//` in Python and notebook cells). In the generated lab the
 region becomes `// TODO(lab00.1): what the student must do` followed by the stub.
@@ -25,6 +28,7 @@ from pathlib import Path
 COMMENT = {".cu": "//", ".cuh": "//", ".cpp": "//", ".h": "//", ".py": "#"}
 BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>//|#)\s*SOLUTION BEGIN\s+(?P<task>lab\d\d\.\d+)\s*:\s*(?P<text>.*)$")
 STUB = re.compile(r"^\s*(//|#)\s*SOLUTION STUB\s*$")
+STUB_LINE = re.compile(r"^(?P<indent>\s*)(//|#) ?(?P<code>.*?)\n?$")
 END = re.compile(r"^\s*(//|#)\s*SOLUTION END\s*$")
 BANNER_HASH = re.compile(r"\[lab-hash ([0-9a-f]{12})\]")
 SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints"}
@@ -53,7 +57,12 @@ def strip_solutions(text: str, where: str) -> str:
             if state == "code":
                 raise MarkerError(f"{where}:{number}: SOLUTION END without BEGIN")
             state = "code"
-        elif state in ("code", "stub"):
+        elif state == "stub":
+            stub = STUB_LINE.match(line)
+            if not stub:
+                raise MarkerError(f"{where}:{number}: a stub line must be commented out in the solution")
+            out.append(stub["indent"] + stub["code"] + ("\n" if line.endswith("\n") else ""))
+        elif state == "code":
             out.append(line)
     if state != "code":
         raise MarkerError(f"{where}: a SOLUTION region is never closed")

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 _COLOUR = sys.stdout.isatty()
+# The line tests/harness/check.py puts before the TODOs a failure needs.
+UNFINISHED = "  unfinished: this check needs these TODOs done:"
 _CODES = {"PASS": "32", "FAIL": "31", "SKIP": "33", "ERROR": "31"}
 
 
@@ -32,11 +34,15 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
             totals["errors"] += 1
             print(f"  {_tag('ERROR')} {result['error']}")
         skip_reasons: dict[str, int] = {}
+        unfinished: list[str] = []
         for test in result.get("tests", []):
             if test["outcome"] == "failed":
-                message = test.get("message", "").rstrip()
+                message, _, todos = test.get("message", "").rstrip().partition(UNFINISHED)
+                for line in todos.splitlines()[1:]:
+                    if line.strip() and line.strip() not in unfinished:
+                        unfinished.append(line.strip())
                 print(f"  {_tag('FAIL')} {test['name']}")
-                for line in message.splitlines()[:12]:
+                for line in message.rstrip().splitlines()[:12]:
                     print(f"       {line}")
             elif test["outcome"] == "skipped":
                 skip_reasons[test.get("message", "")] = skip_reasons.get(test.get("message", ""), 0) + 1
@@ -44,6 +50,10 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
                     print(f"  {_tag('SKIP')} {test['name']}")
             elif verbose:
                 print(f"  {_tag('PASS')} {test['name']}")
+        if unfinished:
+            print("  The failures above need these TODOs done first:")
+            for line in unfinished:
+                print(f"    {line}")
         for reason, count in skip_reasons.items():
             print(f"  {_tag('SKIP')} {count} test(s): {reason}")
         for case in result.get("perf", []):

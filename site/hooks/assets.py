@@ -1,0 +1,14 @@
+"""Serve the site's own CSS from site/css, so lessons/ holds only lesson pages."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+CSS = Path(__file__).resolve().parents[1] / "css"
+
+
+def on_files(files, config):
+    for path in sorted(CSS.glob("*.css")):
+        files.append(File.generated(config, f"assets/{path.name}", abs_src_path=str(path)))
+    return files
