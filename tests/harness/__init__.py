@@ -14,6 +14,7 @@ import torch
 
 from . import build as _build
 from . import check, perf, trees
+from .mutants import Mutant
 from .check import GradeFailure, poison_allocator, poisoned, random_tensor, tolerance
 
 HAS_GPU = torch.cuda.is_available()
@@ -66,6 +67,6 @@ def lab(number: str) -> LabHandle:
 
 
 __all__ = [
-    "GradeFailure", "HAS_GPU", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
+    "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
     "requires_gpu", "tolerance", "trees", "perf", "check",
 ]

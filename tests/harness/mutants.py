@@ -1,0 +1,62 @@
+"""Known-wrong variants of a reference solution, which the grader must fail.
+
+A grader that passes everything is worthless, and one that fails the classic bug
+with a useless message nearly so. Each lab's test file lists MUTANTS: a small
+text substitution in one solution file that plants one classic bug, the tests
+that must catch it (a pytest -k expression), and a phrase the failure message
+must contain. tests/test_course_mutants.py builds each mutant as a submission
+and grades it in a separate process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from . import trees
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # short id, e.g. 'no-grid-stride'
+    file: str  # solution file to change, e.g. 'scale.cu'
+    old: str  # text that must occur exactly once in that file
+    new: str  # what replaces it: the planted bug
+    tests: str  # pytest -k expression selecting the tests that must catch it
+    expect: str  # a phrase that must appear in some failure message
+    needs_gpu: bool = True  # False when a CPU-side test catches it (also run in CI)
+    perf: bool = False  # True when only a perf test can catch it (a slow, correct variant)
+
+
+def make_tree(lab: trees.Lab, mutant: Mutant) -> trees.Path:
+    """A submission folder holding the solution with the bug planted."""
+    root = trees.BUILD / "mutants" / lab.name / mutant.name
+    folder = root / lab.name
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(lab.dir_in(trees.resolve_tree("solutions")), folder)
+    target = folder / mutant.file
+    text = target.read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise AssertionError(f"mutant {mutant.name}: {mutant.old!r} occurs {count} times in {mutant.file}, not once")
+    target.write_text(text.replace(mutant.old, mutant.new))
+    return root
+
+
+def grade(lab: trees.Lab, mutant: Mutant, timeout_s: int = 900) -> list[dict]:
+    """Grade the mutant in its own process; return its failed tests."""
+    root = make_tree(lab, mutant)
+    report = root / "result.json"
+    command = [sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
+               "-k", mutant.tests, f"--course-json={report}", "-m", "perf" if mutant.perf else "not perf"]
+    env = dict(os.environ, **{trees.IMPL_ENV: str(root)})
+    run = subprocess.run(command, cwd=trees.ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if not report.exists():
+        raise AssertionError(f"mutant {mutant.name}: the grader process died (exit {run.returncode}):\n{run.stdout[-3000:]}")
+    tests = json.loads(report.read_text())["tests"]
+    if not tests:
+        raise AssertionError(f"mutant {mutant.name}: -k {mutant.tests!r} selected no test")
+    return [t for t in tests if t["outcome"] == "failed"]

@@ -1,0 +1,28 @@
+"""The grader must fail every known-wrong variant of every lab, with a useful message."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from harness import HAS_GPU, NO_GPU_REASON, mutants, trees
+
+
+def _cases():
+    for lab in trees.all_labs():
+        if not lab.test_file.exists():
+            continue
+        module = importlib.import_module(lab.test_file.stem)
+        for mutant in getattr(module, "MUTANTS", []):
+            marks = [pytest.mark.skipif(mutant.needs_gpu and not HAS_GPU, reason=NO_GPU_REASON)]
+            yield pytest.param(lab, mutant, id=f"{lab.number}-{mutant.name}", marks=marks)
+
+
+@pytest.mark.parametrize("lab, mutant", list(_cases()))
+def test_grader_fails_mutant(lab, mutant):
+    failures = mutants.grade(lab, mutant)
+    assert failures, f"lab {lab.name}: the grader passed the known-wrong variant {mutant.name!r} ({mutant.file})"
+    messages = "\n".join(f["message"] for f in failures)
+    assert mutant.expect.lower() in messages.lower(), (
+        f"lab {lab.name}, variant {mutant.name!r}: the grader failed it, but no message says {mutant.expect!r}:\n{messages[:2000]}"
+    )

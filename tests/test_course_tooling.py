@@ -1,0 +1,152 @@
+"""Tests of the course's own machinery: lab generation, the checks, the CLI, the
+skeletons, and the links between lessons, labs and graders. All run without a GPU."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness import check, trees
+
+sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
+import labgen  # noqa: E402
+
+COURSE = str(trees.ROOT / "course")
+
+
+# ---------------------------------------------------------------- lab generation
+SOLUTION = """\
+int f() {
+  // SOLUTION BEGIN lab99.1: return the answer
+  return 42;
+  // SOLUTION STUB
+  // return 0;
+  // SOLUTION END
+}
+"""
+
+
+def test_strip_solutions_keeps_todo_and_stub():
+    assert labgen.strip_solutions(SOLUTION, "x.cu") == "int f() {\n  // TODO(lab99.1): return the answer\n  return 0;\n}\n"
+
+
+@pytest.mark.parametrize("broken, problem", [
+    ("// SOLUTION BEGIN lab99.1: a\n", "never closed"),
+    ("// SOLUTION END\n", "without BEGIN"),
+    ("// SOLUTION BEGIN lab99.1: a\n// SOLUTION BEGIN lab99.2: b\n", "inside another"),
+    ("// SOLUTION BEGIN lab99.1: a\n// SOLUTION STUB\nint x;\n// SOLUTION END\n", "commented out"),
+])
+def test_strip_solutions_rejects_bad_markers(broken, problem):
+    with pytest.raises(labgen.MarkerError, match=problem):
+        labgen.strip_solutions(broken, "x.cu")
+
+
+def test_generated_file_detects_student_edits(tmp_path):
+    (tmp_path / "solutions" / "99-demo").mkdir(parents=True)
+    source = tmp_path / "solutions" / "99-demo" / "k.cu"
+    source.write_text(SOLUTION)
+    labs = tmp_path / "labs"
+    plan = labgen.plan(tmp_path / "solutions", labs, tmp_path)
+    assert len(plan.writes) == 1 and not plan.student_edited
+    target, text = plan.writes[0]
+    target.parent.mkdir(parents=True)
+    target.write_text(text)
+    recorded, actual = labgen.recorded_and_actual_hash(target)
+    assert recorded == actual
+    assert not labgen.plan(tmp_path / "solutions", labs, tmp_path).writes  # up to date
+    target.write_text(text.replace("return 0;", "return 41;"))  # the student works on it
+    source.write_text(SOLUTION.replace("the answer", "the answer, 42"))  # the instructor edits the solution
+    plan = labgen.plan(tmp_path / "solutions", labs, tmp_path)
+    assert plan.student_edited == [target], "a student's edited file must be flagged, never silently overwritten"
+
+
+def test_labs_are_up_to_date():
+    result = subprocess.run([COURSE, "labs", "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_task_has_a_todo_a_test_and_a_lesson_row():
+    """Each SOLUTION task id appears as a TODO in the lab, in its grader and in its lesson page."""
+    for lab in trees.all_labs():
+        solution_text = "".join(p.read_text() for p in sorted(lab.dir_in(trees.resolve_tree("solutions")).iterdir())
+                                if p.suffix in labgen.COMMENT)
+        tasks = sorted(set(re.findall(r"SOLUTION BEGIN (lab\d\d\.\d+)", solution_text)))
+        assert tasks, f"{lab.name} has no SOLUTION regions"
+        assert all(t.startswith(lab.module_stem + ".") for t in tasks), f"{lab.name}: task ids must start with {lab.module_stem}."
+        todos = {t.task for t in check.open_todos(lab, trees.resolve_tree("labs"))}
+        grader = lab.test_file.read_text()
+        page = lab.lesson_page.read_text()
+        for task in tasks:
+            assert task in todos, f"{task} has no TODO in labs/{lab.name}: run ./course labs"
+            assert task in grader, f"{task} is never named by {lab.test_file.name}: which test checks it?"
+            assert f"`{task}`" in page, f"{task} is missing from the task table of {lab.lesson_page.name}"
+
+
+# ---------------------------------------------------------------- the checks themselves
+def test_tolerance_grows_with_reduction_length():
+    assert check.tolerance(torch.float32) < check.tolerance(torch.bfloat16)
+    assert check.tolerance(torch.float32, 10_000) == pytest.approx(100 * check.tolerance(torch.float32))
+
+
+def test_assert_close_reports_unwritten_elements():
+    ref = torch.arange(1, 1001, dtype=torch.float64).reshape(10, 100)
+    out = ref.float().clone()
+    out[3, 70:] = float("nan")  # a tile the kernel never wrote
+    with pytest.raises(check.GradeFailure) as failure:
+        check.assert_close(out, ref, case="demo", tol=check.tolerance(torch.float32), tile=(4, 32))
+    message = str(failure.value)
+    assert "30 of 1000 elements wrong" in message
+    assert "row 3, col 70" in message and "tile (0, 2)" in message
+    assert "never written" in message
+
+
+def test_assert_close_passes_rounding_and_fails_real_error():
+    ref = torch.randn(4097, dtype=torch.float64)
+    check.assert_close(ref.float(), ref, case="rounding only", tol=check.tolerance(torch.float32))
+    wrong = ref.float().clone()
+    wrong[4096] += 1e-3
+    with pytest.raises(check.GradeFailure, match=r"index 4096 \(flat 4096: block 16, thread 0 of 256\)"):
+        check.assert_close(wrong, ref, case="one bad element", tol=check.tolerance(torch.float32), block=256)
+
+
+def test_assert_close_rejects_wrong_shape():
+    with pytest.raises(check.GradeFailure, match="shape"):
+        check.assert_close(torch.zeros(3), torch.zeros(4, dtype=torch.float64), case="shape", tol=1e-6)
+
+
+# ---------------------------------------------------------------- the CLI
+@pytest.mark.parametrize("command", ["serve", "site", "test", "grade", "build", "bench", "labs", "doctor"])
+def test_every_subcommand_has_help(command):
+    result = subprocess.run([COURSE, command, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+
+
+def test_unknown_lab_is_a_clear_error():
+    result = subprocess.run([COURSE, "build", "97"], capture_output=True, text=True)
+    assert result.returncode == 2 and "no lab '97'" in result.stdout
+
+
+# ---------------------------------------------------------------- the skeletons
+@pytest.mark.parametrize("lab", trees.all_labs(), ids=lambda lab: lab.name)
+def test_skeleton_builds_and_fails_naming_its_todos(lab, tmp_path):
+    """The untouched skeleton compiles, and grading it fails with its TODOs named, not with a crash."""
+    report = tmp_path / "report.json"
+    env = dict(os.environ, **{trees.IMPL_ENV: "labs"})
+    run = subprocess.run([sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
+                          "-m", "not perf", f"--course-json={report}"], cwd=trees.ROOT, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert report.exists(), f"grading the {lab.name} skeleton crashed:\n{run.stdout[-3000:]}"
+    tests = json.loads(report.read_text())["tests"]
+    builds = [t for t in tests if t["name"] == "test_builds"]
+    assert builds and builds[0]["outcome"] == "passed", f"the {lab.name} skeleton does not build: {builds}"
+    failed = [t for t in tests if t["outcome"] == "failed"]
+    assert failed, f"the untouched {lab.name} skeleton passed every test: the grader checks nothing a TODO leaves undone"
+    assert all("TODO(" in t["message"] for t in failed), (
+        "every failure of an untouched skeleton must name the TODO it needs; these do not:\n"
+        + "\n".join(f"{t['name']}: {t['message'][:300]}" for t in failed if "TODO(" not in t["message"])
+    )
