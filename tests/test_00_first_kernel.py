@@ -188,7 +188,7 @@ def test_notebook_runs():
 # ---------------------------------------------------------------- known-wrong variants the grader must fail
 MUTANTS = [
     harness.Mutant("no-grid-stride", "scale.cu", "i < n; i += stride) {\n    y[i]", "i < n; i += n) {\n    y[i]",
-                   tests="test_scale", expect="never written"),
+                   tests="test_scale and block", expect="never written"),
     harness.Mutant("grid-too-small", "scale.cu", "std::min(needed_blocks, resident_blocks)", "std::min<int64_t>(needed_blocks, 1)",
                    tests="test_launch_config", expect="too few threads to fill the GPU", needs_gpu=False),
     harness.Mutant("legacy-default-stream", "scale.cu", "axpy_kernel<<<config.blocks, config.threads, 0, stream>>>",

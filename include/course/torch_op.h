@@ -17,10 +17,17 @@
 
 namespace course {
 
+// "[33, 17]": formatted here rather than by streaming an IntArrayRef into TORCH_CHECK,
+// which crashed (SIGSEGV) inside c10::str on the GPU box's g++ 13 build.
+inline std::string format_dims(c10::IntArrayRef dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+// "Float[33, 17] on cuda:0": what an error message says about a tensor.
 inline std::string describe(const at::Tensor& t) {
-  std::string shape = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) shape += (i ? ", " : "") + std::to_string(t.size(i));
-  return std::string(c10::toString(t.scalar_type())) + shape + "] on " + t.device().str();
+  return std::string(c10::toString(t.scalar_type())) + format_dims(t.sizes()) + " on " + t.device().str();
 }
 
 // --8<-- [start:check_cuda_tensor]
@@ -42,7 +49,7 @@ inline void check_dtype(const at::Tensor& t, const char* op, const char* name, a
 // Kernels index with a flat offset, which is only right for row-major, gap-free storage.
 inline void check_contiguous(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", describe(t),
-              " with strides ", t.strides(), "; pass ", name, ".contiguous()");
+              " with strides ", format_dims(t.strides()), "; pass ", name, ".contiguous()");
 }
 
 inline void check_same_shape(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
