@@ -120,7 +120,7 @@ def test_assert_close_rejects_wrong_shape():
 
 
 # ---------------------------------------------------------------- the CLI
-@pytest.mark.parametrize("command", ["serve", "site", "test", "grade", "build", "bench", "labs", "doctor"])
+@pytest.mark.parametrize("command", ["serve", "site", "setup", "test", "grade", "build", "bench", "labs", "doctor"])
 def test_every_subcommand_has_help(command):
     result = subprocess.run([COURSE, command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr

@@ -240,6 +240,15 @@ def cmd_site(args) -> int:
     return _mkdocs(["build", "--strict", "-d", str(trees.BUILD / "site")])
 
 
+def cmd_setup(args) -> int:
+    for group in args.groups or ["docs", "test"]:
+        if group not in env.GROUP_MODULES or group == "notebooks":
+            print(f"setup: unknown group {group!r}; the groups are docs and test")
+            return 2
+        print(f"[course] {group}: {env.python_for(group)}")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     import doctor
 
@@ -286,6 +295,8 @@ def main(argv=None) -> int:
     p = add("labs", "regenerate labs/ from solutions/ (files a student edited are kept unless --force)", cmd_labs)
     p.add_argument("--check", action="store_true", help="fail if labs/ is stale; write nothing")
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
+    p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
+    p.add_argument("groups", nargs="*", help="docs, test (default: both)")
     add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)", cmd_doctor)
     args = parser.parse_args(argv)
     try:
