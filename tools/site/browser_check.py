@@ -550,12 +550,13 @@ def screenshot(tab: DevTools, path: Path) -> None:
 # ====================================================================== main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--site", default=str(ROOT / "build" / "site"), help="the built site (default build/site)")
+    parser.add_argument("site_dir", nargs="?", help="the built site (default build/site)")
+    parser.add_argument("--site", default=str(ROOT / "build" / "site"), help="the same, as an option")
     parser.add_argument("--out", default=str(ROOT / "build" / "site-check"), help="where screenshots go")
     parser.add_argument("--chromium", help="the browser binary (default: chromium on the PATH)")
     parser.add_argument("--timeout", type=float, default=30, help="seconds to wait for one browser reply")
     args = parser.parse_args(argv)
-    site, out = Path(args.site).resolve(), Path(args.out).resolve()
+    site, out = Path(args.site_dir or args.site).resolve(), Path(args.out).resolve()
     if not (site / "index.html").is_file():
         print(f"browser_check: no built site at {site} (build it first: ./course site)")
         return 2
