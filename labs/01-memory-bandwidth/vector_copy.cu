@@ -1,0 +1,59 @@
+// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash 280fb768e971].
+// Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
+// Instructors: edit the solution file instead, then run `./course labs`.
+// Lab 01, part 2: the copy with 16-byte accesses. One float4 load moves four floats in one
+// instruction, so a warp moves 512 bytes per instruction instead of 128, and each thread can
+// keep several of them in flight: what it takes to reach the copy ceiling.
+#include <course/cuda.cuh>
+
+#include <algorithm>
+
+#include "memory_bandwidth.h"
+
+// --8<-- [start:constants]
+// The widest load a thread can issue is 16 bytes (LDG.E.128): a float4.
+constexpr int kVectorBytes = sizeof(float4);
+constexpr int kFloatsPerVector = kVectorBytes / sizeof(float);
+static_assert(kVectorBytes == 16 && kFloatsPerVector == 4, "float4 is four 4-byte floats, 16-byte aligned");
+
+// float4s each thread loads before it stores any: the bytes in flight. Little's law: to
+// sustain bandwidth B with latency L, B * L bytes must be on their way at every moment.
+// An H200 reads ~2.1 TB/s during a 4.2 TB/s copy; a DRAM load under that load takes ~1 us:
+// ~2.1 MB in flight over 132 SMs = ~16 KB per SM, 8 bytes for each of 2048 resident threads.
+// One float4 (16 B) per thread covers that on paper, with no margin for lower occupancy or
+// the latency growing as the memory system fills; four (64 B, 128 KB per SM) do, and they
+// quarter the loop overhead per byte. Their 16 data registers fit in the 32 per thread
+// that full occupancy leaves (65536 registers / 2048 threads).
+constexpr int kVectorsPerThread = 4;
+static_assert(kVectorsPerThread * kFloatsPerVector <= 65536 / 2048 / 2,
+              "the loaded data must leave half of a thread's 32 registers for addresses and counters");
+// --8<-- [end:constants]
+
+// --8<-- [start:vector_split]
+VectorSplit vector_split(uintptr_t src_address, uintptr_t dst_address, int64_t n) {
+  // TODO(lab01.3): split n floats into a scalar head (until src and dst reach a 16-byte boundary), float4 vectors and a scalar tail of fewer than 4; no vectors at all when src and dst cannot be 16-byte aligned at the same element
+  return VectorSplit{n, 0, 0};
+}
+// --8<-- [end:vector_split]
+
+// --8<-- [start:kernel]
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    copy_vectorized_kernel(const float* __restrict__ src, float* __restrict__ dst, VectorSplit split) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t grid_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // TODO(lab01.4): three grid-stride loops: the scalar head [0, head); the float4 body, each thread loading kVectorsPerThread float4s (a warp's loads contiguous) before storing them; the scalar tail [head + 4 * vectors, n)
+}
+// --8<-- [end:kernel]
+
+// --8<-- [start:launch]
+void launch_copy_vectorized(const float* src, float* dst, int64_t n, int blocks, cudaStream_t stream) {
+  if (n == 0) return;
+  const VectorSplit split = vector_split(reinterpret_cast<uintptr_t>(src), reinterpret_cast<uintptr_t>(dst), n);
+  // A thread's unit of work is one trip of the body loop (kVectorsPerThread float4s), or one
+  // scalar when the pointers cannot align and everything is head.
+  const int64_t work_items = std::max(course::ceil_div<int64_t>(split.vectors, kVectorsPerThread), split.head + split.tail);
+  const CopyLaunch launch = copy_launch_on_current_device(work_items, blocks);
+  copy_vectorized_kernel<<<launch.blocks, launch.threads, 0, stream>>>(src, dst, split);
+  COURSE_CHECK_LAUNCH();
+}
+// --8<-- [end:launch]

@@ -1,0 +1,318 @@
+"""Grader for lab 01: the coalesced, strided and float4 copies, the 16-byte split, the bandwidth ladder."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
+
+LAB = harness.lab("01")
+FP32 = torch.float32
+EXACT = tolerance(FP32)  # a copy is exact; any tolerance passes it and fails a wrong element
+THREADS = 256  # the solution's block size: the grader reports wrong elements of the scalar copies by block
+SIZES = [1, 3, 4, 5, 31, 33, 4097, 2**24 + 3]
+SHAPES = [(n,) for n in SIZES] + [(3, 5, 7), (64, 1000)]
+# Guard floats around every dst the misalignment tests hand out: a float4 (4 floats) past either end and more.
+GUARD = 16
+
+COPIES = {
+    "coalesced": (lambda dst, src, blocks: LAB.module.copy_coalesced(dst, src, blocks), ("lab01.1",)),
+    "strided-7": (lambda dst, src, blocks: LAB.module.copy_strided(dst, src, 7, blocks), ("lab01.2",)),
+    "vectorized": (lambda dst, src, blocks: LAB.module.copy_vectorized(dst, src, blocks), ("lab01.3", "lab01.4")),
+}
+HINTS = {
+    "coalesced": "a grid-stride loop from blockIdx.x * blockDim.x + threadIdx.x, stepping by gridDim.x * blockDim.x",
+    "strided-7": ("rows = ceil(n / stride); for each column, a grid-stride loop over rows copies element "
+                  "row * stride + column when it is below n"),
+    "vectorized": ("head scalars [0, head), float4s [head, head + 4 * vectors), tail scalars up to n: a NaN at the "
+                   "end of the output is a missing tail, a NaN at its start a missing head"),
+}
+
+
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def test_builds():
+    """The lab compiles and imports: checked on every machine, GPU or not."""
+    for name in ("copy_coalesced", "copy_strided", "copy_vectorized", "vector_split", "copy_launch"):
+        assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
+
+
+# ---------------------------------------------------------------- CPU-side: the 16-byte split
+BASE = 0x7F00_0000_0000  # a 512-byte-aligned address, like the caching allocator's blocks
+ALIGNMENTS = [(s, d) for s in (0, 4, 8, 12) for d in (0, 4, 8, 12)] + [(2, 2)]  # bytes past a 16-byte boundary
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 31, 33, 4097, 2**40 + 3])
+@pytest.mark.parametrize("src_off, dst_off", ALIGNMENTS, ids=[f"src+{s}-dst+{d}" for s, d in ALIGNMENTS])
+def test_vector_split(src_off, dst_off, n):
+    src, dst = BASE + src_off, BASE + 4096 + dst_off
+    head, vectors, tail = LAB.module.vector_split(src, dst, n)
+    case = (f"vector_split(src = 16k + {src_off} bytes, dst = 16k + {dst_off} bytes, n = {n}) "
+            f"gave head {head}, vectors {vectors}, tail {tail}")
+    compatible = (src_off - dst_off) % 16 == 0 and src_off % 4 == 0
+    problems = []
+    if min(head, vectors, tail) < 0:
+        problems.append("no count may be negative")
+    if head + 4 * vectors + tail != n:
+        problems.append(f"head + 4 * vectors + tail = {head + 4 * vectors + tail}, not n = {n}: "
+                        "elements would be copied twice, or never")
+    if vectors > 0:
+        for name, address in (("src", src), ("dst", dst)):
+            if (address + 4 * head) % 16:
+                problems.append(f"after the head, {name} sits {(address + 4 * head) % 16} bytes past a 16-byte "
+                                "boundary: float4 accesses there fail with 'misaligned address'")
+    if compatible:
+        want_head = min(n, (16 - src_off) % 16 // 4)
+        if head != want_head:
+            problems.append(f"head should be {want_head}: that many floats take src (and dst with it) to the next "
+                            "16-byte boundary, and any more could have been float4s")
+        if tail >= 4:
+            problems.append("the tail must hold fewer than 4 floats: every whole float4 after the head belongs to "
+                            "the vectors")
+    elif vectors:
+        problems.append("src and dst differ by a distance that is not a multiple of 16 bytes, so no element puts "
+                        "both on a 16-byte boundary: vectors must be 0")
+    if problems:
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems)
+                                   + harness.check.todo_note(LAB.lab, LAB.tree, ("lab01.3",)))
+
+
+# ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+@pytest.mark.parametrize("name", ["copy_coalesced", "copy_vectorized"])
+def test_refuses_cpu_tensors(name):
+    LAB.assert_raises_clearly(lambda: getattr(LAB.module, name)(torch.empty(4), torch.ones(4)),
+                              must_mention=("CUDA",), case=f"{name}(dst, src on the CPU)")
+
+
+def test_strided_refuses_cpu_tensors():
+    LAB.assert_raises_clearly(lambda: LAB.module.copy_strided(torch.empty(4), torch.ones(4), 2),
+                              must_mention=("CUDA",), case="copy_strided(dst, src on the CPU, 2)")
+
+
+# ---------------------------------------------------------------- GPU: correctness
+@requires_gpu
+@pytest.mark.parametrize("blocks", [0, 7], ids=["derived-grid", "7-blocks"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("copy", list(COPIES))
+def test_copy(copy, shape, blocks):
+    fn, tasks = COPIES[copy]
+    src = random_tensor(shape, FP32)
+    dst = poisoned(shape, FP32)
+    fn(dst, src, blocks)
+    torch.cuda.synchronize()
+    LAB.assert_close(dst, src.double(), case=f"copy_{copy} shape {shape_id(shape)}, blocks={blocks or 'derived'}",
+                     tol=EXACT, tasks=tasks, block=THREADS if copy == "coalesced" else None, hint=HINTS[copy])
+
+
+@requires_gpu
+@pytest.mark.parametrize("stride", [1, 2, 8, 32, 33, 5000])
+@pytest.mark.parametrize("n", [1, 31, 4097, 2**20 + 3])
+def test_copy_strided(n, stride):
+    src = random_tensor((n,), FP32)
+    dst = poisoned((n,), FP32)
+    LAB.module.copy_strided(dst, src, stride)
+    torch.cuda.synchronize()
+    LAB.assert_close(dst, src.double(), case=f"copy_strided n={n}, stride={stride}", tol=EXACT,
+                     tasks=("lab01.2",), hint=HINTS["strided-7"])
+
+
+def _guarded(n: int, offset: int, fill=None):
+    """A view of n floats starting `offset` floats into a larger buffer, with GUARD floats after it.
+
+    The buffer's own start is 512-byte aligned (the caching allocator's blocks are), so the view
+    starts 4 * offset bytes past a 16-byte boundary."""
+    buffer = poisoned((offset + n + GUARD,), FP32) if fill is None else random_tensor((offset + n + GUARD,), FP32)
+    return buffer, buffer[offset:offset + n]
+
+
+def _check_guards(buffer: torch.Tensor, offset: int, n: int, case: str, tasks) -> None:
+    outside = torch.cat([buffer[:offset], buffer[offset + n:]])
+    written = (~outside.isnan()).nonzero().flatten().tolist()
+    if written:
+        where = [f"dst[{i - offset}]" if i < offset else f"dst[{n + i - offset}]" for i in written[:4]]
+        raise harness.GradeFailure(
+            f"{case}: wrote {len(written)} floats outside dst, at {', '.join(where)} (dst has {n} elements)\n"
+            "  hint: every loop must stop at its end: the head at head, the vectors at vectors, the tail at n "
+            "(an off-by-one in the tail writes dst[n])" + harness.check.todo_note(LAB.lab, LAB.tree, tasks))
+
+
+MISALIGNED = [(1, 1), (2, 2), (3, 3), (1, 0), (0, 3), (2, 1)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 31, 33, 4097, 2**20 + 3])
+@pytest.mark.parametrize("src_off, dst_off", MISALIGNED, ids=[f"src+{s}-dst+{d}" for s, d in MISALIGNED])
+@pytest.mark.parametrize("copy", ["coalesced", "vectorized"])
+def test_copy_misaligned(copy, src_off, dst_off, n):
+    """Views like x[1:]: contiguous, but starting 4, 8 or 12 bytes past a 16-byte boundary."""
+    fn, tasks = COPIES[copy]
+    _, src = _guarded(n, src_off, fill="random")
+    dst_buffer, dst = _guarded(n, dst_off)
+    fn(dst, src, 0)
+    torch.cuda.synchronize()
+    case = f"copy_{copy} n={n}, src = x[{src_off}:] ({4 * src_off} bytes past 16), dst = y[{dst_off}:] ({4 * dst_off} bytes past 16)"
+    LAB.assert_close(dst, src.double(), case=case, tol=EXACT, tasks=tasks, hint=HINTS[copy])
+    _check_guards(dst_buffer, dst_off, n, case, tasks)
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 3, 4097)], ids=shape_id)
+def test_copy_vectorized_batched_misaligned(shape):
+    numel = torch.Size(shape).numel()
+    src = random_tensor((numel + 1,), FP32)[1:].view(shape)  # a batched view of x[1:]
+    dst_buffer, dst_flat = _guarded(numel, 3)
+    LAB.module.copy_vectorized(dst_flat.view(shape), src)
+    torch.cuda.synchronize()
+    case = f"copy_vectorized shape {shape_id(shape)}, src = x[1:].view(...), dst = y[3:].view(...)"
+    LAB.assert_close(dst_flat.view(shape), src.double(), case=case, tol=EXACT, tasks=("lab01.3", "lab01.4"),
+                     hint=HINTS["vectorized"])
+    _check_guards(dst_buffer, 3, numel, case, ("lab01.3", "lab01.4"))
+
+
+@requires_gpu
+def test_empty_input():
+    x = torch.empty(0, device="cuda")
+    for name, call in [("copy_coalesced", lambda: LAB.module.copy_coalesced(x, x.clone())),
+                       ("copy_strided", lambda: LAB.module.copy_strided(x, x.clone(), 4)),
+                       ("copy_vectorized", lambda: LAB.module.copy_vectorized(x, x.clone()))]:
+        assert call().shape == (0,), f"{name} of empty tensors must return an empty tensor"
+
+
+@requires_gpu
+def test_runs_on_current_stream():
+    """The kernels must run on PyTorch's current stream, ordered after the work queued there."""
+    stream = torch.cuda.Stream()  # PyTorch's streams do not synchronize with the legacy default stream
+    source = random_tensor((2**20 + 3,), FP32)
+    x = torch.zeros_like(source)
+    outs = {name: poisoned(source.shape, FP32) for name in COPIES}
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before x is filled
+        x.copy_(source)
+        for name, (fn, _) in COPIES.items():
+            fn(outs[name], x, 0)
+    stream.synchronize()
+    for name, (_, tasks) in COPIES.items():
+        LAB.assert_close(outs[name], source.double(), case=f"copy_{name} under torch.cuda.stream(s)", tol=EXACT,
+                         tasks=tasks, hint="launch with <<<blocks, threads, 0, stream>>> where stream = course::current_stream()")
+
+
+# ---------------------------------------------------------------- GPU: bad input gets a clear error
+@requires_gpu
+@pytest.mark.parametrize("name", ["copy_coalesced", "copy_vectorized"])
+def test_input_errors(name):
+    fn = getattr(LAB.module, name)
+    x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
+    LAB.assert_raises_clearly(lambda: fn(y, x.double()), must_mention=("dtype", "float"), case=f"{name}(dst, src float64)")
+    LAB.assert_raises_clearly(lambda: fn(y.t(), x.t()), must_mention=("contiguous",), case=f"{name}(y.t(), x.t())")
+    LAB.assert_raises_clearly(lambda: fn(y[:, :16], x), must_mention=("shape",), case=f"{name}(dst [33, 16], src [33, 17])")
+    LAB.assert_raises_clearly(lambda: fn(y.cpu(), x), must_mention=("CUDA",), case=f"{name}(dst on the CPU)")
+    buffer = random_tensor((100,), FP32)
+    LAB.assert_raises_clearly(lambda: fn(buffer[1:], buffer[:-1]), must_mention=("overlap",),
+                              case=f"{name}(buffer[1:], buffer[:-1]), overlapping")
+
+
+@requires_gpu
+def test_strided_input_errors():
+    x, y = random_tensor((64,), FP32), random_tensor((64,), FP32)
+    LAB.assert_raises_clearly(lambda: LAB.module.copy_strided(y, x, 0), must_mention=("stride",),
+                              case="copy_strided(stride=0)")
+
+
+# ---------------------------------------------------------------- GPU: speed, the ladder strided < coalesced < float4
+# 2^28 floats = 1 GiB per tensor, far past any L2; bytes moved = read 4 + write 4 per element.
+PERF_N = 2**28
+STRIDE = 32  # 128 bytes: every float of a warp's access in its own 128-byte line
+
+
+def _perf_copy(name, call, *, student_bar, target, tasks, hint):
+    src = random_tensor((PERF_N,), FP32)
+    dst, baseline_dst = torch.empty_like(src), torch.empty_like(src)
+
+    def verify():
+        LAB.assert_close(dst, src, case=f"{name}: the output of the timed calls", tol=EXACT, tasks=tasks)
+
+    try:
+        return LAB.perf(name=name, ours=lambda: call(dst, src), baseline=lambda: baseline_dst.copy_(src),
+                        baseline_name="dst.copy_(src)", bytes_moved=2 * 4 * PERF_N, student_bar=student_bar,
+                        target=target, verify=verify)
+    except harness.GradeFailure as failure:
+        raise harness.GradeFailure(f"{failure}\n  hint: {hint}" + harness.check.todo_note(LAB.lab, LAB.tree, tasks)) from None
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_copy_strided():
+    tasks = ("lab01.2",)
+    case = _perf_copy(f"copy ladder 1/3: strided (stride {STRIDE}), 1 GiB fp32",
+                      lambda dst, src: LAB.module.copy_strided(dst, src, STRIDE),
+                      student_bar=0.01, target=0.02, tasks=tasks, hint="the strided copy is meant to be slow, not this slow")
+    if case.ratio > 0.5:
+        raise harness.GradeFailure(
+            f"{case.summary()}\n  a copy whose warps touch 32 different 128-byte lines per access cannot run at "
+            f"{case.ratio:.2f}x a coalesced copy: neighbouring threads must be `stride` elements apart"
+            + harness.check.todo_note(LAB.lab, LAB.tree, tasks))
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_copy_coalesced():
+    _perf_copy("copy ladder 2/3: coalesced scalar, 1 GiB fp32", LAB.module.copy_coalesced, student_bar=0.5,
+               target=0.7, tasks=("lab01.1",),
+               hint="consecutive threads must touch consecutive elements: index = blockIdx.x * blockDim.x + "
+                    "threadIdx.x, plus the grid's thread count on every trip")
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_copy_vectorized():
+    _perf_copy("copy ladder 3/3: float4 vectorized, 1 GiB fp32", LAB.module.copy_vectorized, student_bar=0.8,
+               target=0.95, tasks=("lab01.3", "lab01.4"),
+               hint="issue all kVectorsPerThread float4 loads before the first store, with a warp's loads on "
+                    "consecutive float4s, and keep the body free of per-element branches")
+
+
+# ---------------------------------------------------------------- the notebook
+def test_notebook_is_clean():
+    notebooks.validate(LAB.lab, LAB.tree)
+
+
+@requires_gpu
+def test_notebook_runs():
+    notebooks.execute(LAB.lab, LAB.tree)
+
+
+# ---------------------------------------------------------------- known-wrong variants the grader must fail
+_COALESCED_LOOP = """\
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += grid_threads) {
+    dst[i] = src[i];
+  }
+"""
+# The classic slip: walking a row-major array down its columns (here 32 of them).
+_COLUMN_WALK = """\
+  for (int64_t column = 0; column < 32; ++column) {
+    for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row * 32 < n; row += grid_threads) {
+      if (row * 32 + column < n) dst[row * 32 + column] = src[row * 32 + column];
+    }
+  }
+"""
+_TAIL_LOOP = "for (int64_t i = tail_begin + thread; i < tail_begin + split.tail; i += grid_threads) dst[i] = src[i];"
+
+MUTANTS = [
+    harness.Mutant("uncoalesced-copy", "scalar_copy.cu", _COALESCED_LOOP, _COLUMN_WALK,
+                   tests="test_perf_copy_coalesced", expect="consecutive threads", perf=True),
+    harness.Mutant("no-tail", "vector_copy.cu", _TAIL_LOOP, "", tests="test_copy and vectorized",
+                   expect="never written"),
+    harness.Mutant("tail-off-by-one", "vector_copy.cu", _TAIL_LOOP, _TAIL_LOOP.replace("i < tail_begin", "i <= tail_begin"),
+                   tests="test_copy_misaligned and vectorized", expect="outside dst"),
+    harness.Mutant("misalignment-ignored", "vector_copy.cu",
+                   "const int64_t head = std::min<int64_t>(n, to_boundary / static_cast<int64_t>(sizeof(float)));",
+                   "const int64_t head = 0 * to_boundary;", tests="test_vector_split", expect="16-byte boundary",
+                   needs_gpu=False),
+    harness.Mutant("mismatched-alignment-vectorized", "vector_copy.cu",
+                   "  if ((src_address - dst_address) % kVectorBytes != 0) return all_scalar;\n", "",
+                   tests="test_vector_split", expect="16-byte boundary", needs_gpu=False),
+]
