@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE))
 import env  # noqa: E402
 import labgen  # noqa: E402
 import report  # noqa: E402
+import runner  # noqa: E402
 
 
 def _load_trees():
@@ -43,50 +44,11 @@ def _labs_for(keys: list[str] | None) -> list:
 
 
 # ---------------------------------------------------------------- running pytest per lab
-def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verbose: bool, markers: str | None = None,
-                  deadline_s: int = DEFAULT_DEADLINE_S, extra: list[str] | None = None) -> dict:
-    """One pytest process for one lab, so a crash or hang fails that lab alone."""
-    logs = trees.BUILD / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    json_path = logs / f"{label}.json"
-    log_path = logs / f"{label}.log"
-    json_path.unlink(missing_ok=True)
-    command = [python, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "-rN",
-               f"--course-json={json_path}", "--tb=short", *(extra or [])]
-    if markers:
-        command += ["-m", markers]
-    environment = dict(os.environ, **{trees.IMPL_ENV: impl, "PYTHONUNBUFFERED": "1"})
-    started = time.perf_counter()
-    print(f"[course] {label}: building and testing (impl={impl}) ...", flush=True)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
-        hung = False
-        try:
-            deadline = started + deadline_s
-            for line in process.stdout:
-                log.write(line)
-                if verbose:
-                    sys.stdout.write(line)
-                if time.perf_counter() > deadline:
-                    raise subprocess.TimeoutExpired(command, deadline_s)
-            process.wait(timeout=max(1, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            hung = True
-            process.kill()
-            process.wait()
-    seconds = time.perf_counter() - started
-    result = json.loads(json_path.read_text()) if json_path.exists() else {"tests": [], "perf": []}
-    result.update(label=label, impl=impl, seconds=seconds, returncode=process.returncode, log=str(log_path))
-    if hung:
-        result["error"] = (f"killed after {deadline_s} s: a kernel probably hangs (an endless loop, or "
-                           "__syncthreads() that not every thread of a block reaches)")
-    elif process.returncode not in (0, 1, 5) or not json_path.exists():
-        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-15:])
-        result["error"] = (f"the test process died (exit code {process.returncode}) before finishing; last output:\n{tail}"
-                           f"\n  hint: run `./course sanitize {label[:2]}` or `compute-sanitizer python -m pytest "
-                           f"{' '.join(str(f.relative_to(ROOT)) for f in files)}` to find the faulting access")
-    return result
+def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verbose: bool, lab_number: str | None = None,
+                  markers: str | None = None, deadline_s: int = DEFAULT_DEADLINE_S, seed: int | None = None) -> dict:
+    return runner.run_pytest(python, ROOT, trees.BUILD / "logs", files, impl=impl, impl_env=trees.IMPL_ENV, label=label,
+                             lab_number=lab_number, verbose=verbose, deadline_s=deadline_s, seed=seed,
+                             pytest_args=["-m", markers] if markers else None)
 
 
 def _grade(args, labs, impl: str, with_tooling: bool) -> int:
@@ -95,13 +57,22 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
     if with_tooling:
         tooling = sorted(trees.TESTS.glob("test_course_*.py"))
         if tooling:
-            results.append(run_lab_tests(python, tooling, "solutions", "course-tooling", verbose=args.verbose))
+            results.append(run_lab_tests(python, tooling, "solutions", "course-tooling", verbose=args.verbose,
+                                         seed=args.seed))
     for lab in labs:
         if not lab.test_file.exists():
             print(f"[course] {lab.name}: no grader yet ({lab.test_file.relative_to(ROOT)} is missing)")
             continue
         results.append(run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose,
-                                     deadline_s=args.deadline))
+                                     lab_number=lab.number, deadline_s=args.deadline, seed=args.seed))
+        if getattr(args, "sanitize", False):
+            rows = runner.sanitize(python, ROOT, trees.BUILD / "logs", lab.test_file, impl=impl,
+                                   impl_env=trees.IMPL_ENV, lab_number=lab.number)
+            results[-1]["sanitizer"] = rows
+            dirty = [r["tool"] for r in rows if r["errors"] or r["process_error"] or not r["ran"]]
+            if dirty:
+                results[-1]["error"] = (f"compute-sanitizer found problems with {', '.join(dirty)}: "
+                                        f"run ./course sanitize {lab.number} --impl {impl} for the findings")
     totals = report.print_summary(results, verbose=args.verbose)
     if getattr(args, "json", None):
         Path(args.json).write_text(json.dumps({"impl": impl, "results": results}, indent=1) + "\n")
@@ -135,7 +106,8 @@ def _grade_submissions(args) -> int:
         labs = [lab for lab in _labs_for(args.labs) if (submission / lab.name).is_dir()]
         python = env.python_for("test")
         results = [run_lab_tests(python, [lab.test_file], str(submission), f"{submission.name}-{lab.name}",
-                                 verbose=args_one.verbose, deadline_s=args.deadline) for lab in labs if lab.test_file.exists()]
+                                 verbose=args_one.verbose, lab_number=lab.number, deadline_s=args.deadline, seed=args.seed)
+                   for lab in labs if lab.test_file.exists()]
         everything[submission.name] = results
         for result in results:
             rows.append(report.csv_row(submission.name, result))
@@ -170,7 +142,7 @@ def cmd_bench(args) -> int:
     python = env.python_for("test")
     lab = trees.find_lab(args.lab)
     result = run_lab_tests(python, [lab.test_file], args.impl, f"bench-{lab.name}", verbose=args.verbose,
-                           markers="perf", deadline_s=args.deadline)
+                           lab_number=lab.number, markers="perf", deadline_s=args.deadline)
     if result.get("error"):
         print(result["error"])
         return 1
@@ -198,6 +170,19 @@ def cmd_bench(args) -> int:
         print(f"[course] wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
     failed = [t for t in result["tests"] if t["outcome"] == "failed"]
     return 1 if failed else 0
+
+
+def cmd_sanitize(args) -> int:
+    python = env.python_for("test")
+    lab = trees.find_lab(args.lab)
+    trees.resolve_tree(args.impl)
+    tools = tuple(args.tool) if args.tool else runner.SANITIZER_TOOLS
+    rows = runner.sanitize(python, ROOT, trees.BUILD / "logs", lab.test_file, impl=args.impl,
+                           impl_env=trees.IMPL_ENV, lab_number=lab.number, tools=tools)
+    report.print_sanitizer(lab.name, args.impl, rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"lab": lab.name, "impl": args.impl, "tools": rows}, indent=1) + "\n")
+    return 0 if all(r["ran"] and not r["errors"] and not r["process_error"] for r in rows) else 1
 
 
 def cmd_labs(args) -> int:
@@ -252,7 +237,7 @@ def cmd_setup(args) -> int:
 def cmd_doctor(args) -> int:
     import doctor
 
-    return doctor.main(ROOT, trees, env)
+    return doctor.main(ROOT, trees, env, remove_locks=args.remove_locks)
 
 
 def main(argv=None) -> int:
@@ -274,13 +259,21 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds before a lab's run is killed as hung")
+    p.add_argument("--seed", type=int, help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p = add("grade", "grade labs: correctness, error handling and speed, with a per-case report", cmd_grade)
     p.add_argument("labs", nargs="*", help="lab numbers (e.g. 00)")
     p.add_argument("--impl", default="labs", help=impl_help + " (default: labs)")
     p.add_argument("--all", action="store_true", help="--impl is a folder of submissions: grade each one")
     p.add_argument("--json", help="write per-lab results (or, with --all, per student x lab) as JSON here")
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S)
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds before a lab's run is killed as hung")
+    p.add_argument("--seed", type=int, help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    p.add_argument("--sanitize", action="store_true", help="also run compute-sanitizer's four tools; findings fail the lab")
+    p = add("sanitize", "run a lab's correctness cases under compute-sanitizer memcheck, racecheck, synccheck, initcheck", cmd_sanitize)
+    p.add_argument("lab")
+    p.add_argument("--impl", default="labs", help=impl_help + " (default: labs)")
+    p.add_argument("--tool", action="append", choices=runner.SANITIZER_TOOLS, help="only this tool (repeatable)")
+    p.add_argument("--json", help="write the findings as JSON here")
     p = add("build", "compile one lab (JIT, as the grader does) and report the time", cmd_build)
     p.add_argument("lab")
     p.add_argument("--impl", default="labs", help=impl_help + " (default: labs)")
@@ -297,7 +290,8 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
     p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
     p.add_argument("groups", nargs="*", help="docs, test (default: both)")
-    add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)", cmd_doctor)
+    p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)", cmd_doctor)
+    p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -29,7 +29,8 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
         for key in ("passed", "failed", "skipped"):
             totals[key] += counts[key]
         print(f"\n== {result['label']} (impl: {result['impl']}) -- {counts['passed']} passed, "
-              f"{counts['failed']} failed, {counts['skipped']} skipped in {result['seconds']:.1f} s")
+              f"{counts['failed']} failed, {counts['skipped']} skipped in {result['seconds']:.1f} s "
+              f"(seed {result.get('seed')}: --seed {result.get('seed')} reproduces the inputs)")
         if result.get("error"):
             totals["errors"] += 1
             print(f"  {_tag('ERROR')} {result['error']}")
@@ -97,3 +98,19 @@ def print_rows(rows: list[dict]) -> None:
     for row in rows:
         print(f"{row['student']:<20} {row['lab']:<22} {row['passed']:>3} passed {row['failed']:>3} failed "
               f"{row['skipped']:>3} skipped  {row['perf_ratios']}")
+
+
+def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
+    print(f"\ncompute-sanitizer on {lab} (impl: {impl})")
+    for row in rows:
+        if row["process_error"] and not row["ran"]:
+            status = _tag("ERROR")
+        else:
+            status = _tag("PASS") if row["ran"] and not row["errors"] else _tag("FAIL")
+        print(f"  {status} {row['tool']:<10} {row['errors']} error(s) over {row['tests']} test(s) in {row['seconds']:.0f} s")
+        for line in row["findings"]:
+            print(f"       {line}")
+        if row["process_error"]:
+            print(f"       {row['process_error'].splitlines()[0]}")
+        if row["errors"] or row["process_error"]:
+            print(f"       log: {row['log']}")

@@ -1,0 +1,139 @@
+"""The grader under stress: broken, crashing and hanging submissions, a whole class at
+once, and `./course doctor` facing each failure it knows how to explain."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import HAS_GPU, NO_GPU_REASON, trees
+
+sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
+import doctor  # noqa: E402
+import env as course_env  # noqa: E402
+
+COURSE = str(trees.ROOT / "course")
+LAB = trees.find_lab("00")
+
+
+def planted(root: Path, student: str, source_tree: str = "solutions", edits: dict | None = None) -> Path:
+    """A submission folder: lab 00 copied from a tree, with text edits planted in its files."""
+    folder = root / student / LAB.name
+    shutil.copytree(LAB.dir_in(trees.resolve_tree(source_tree)), folder)
+    for name, (old, new) in (edits or {}).items():
+        text = (folder / name).read_text()
+        assert text.count(old) == 1, f"{old!r} must occur once in {name}"
+        (folder / name).write_text(text.replace(old, new))
+    return root / student
+
+
+def tree_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def grade_all(submissions: Path, out: Path, *extra: str) -> tuple[dict, list[dict], str]:
+    run = subprocess.run([COURSE, "grade", "00", "--all", "--impl", str(submissions), "--json", str(out), *extra],
+                         capture_output=True, text=True, timeout=1800)
+    assert out.exists(), f"grade --all wrote no report:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}"
+    with open(out.with_suffix(".csv")) as handle:
+        rows = list(csv.DictReader(handle))
+    return json.loads(out.read_text()), rows, run.stdout
+
+
+WILD_WRITE = ("    y[i] = alpha * x[i];", "    y[i + (int64_t{1} << 40)] = alpha * x[i];")
+SPIN_FOREVER = ("    y[i] = alpha * x[i];", "    volatile int spin = 1;\n    while (spin) {}\n    y[i] = alpha * x[i];")
+SYNTAX_ERROR = ("#include <algorithm>", "#include <algorithm>\nthis is not C++;")
+
+
+def test_batch_grading_one_row_per_student_and_lab(tmp_path):
+    """A good, an unfinished and an uncompilable submission: each graded, none modified, none breaking another."""
+    submissions = tmp_path / "class"
+    planted(submissions, "alice")
+    planted(submissions, "bob", source_tree="labs")
+    planted(submissions, "carol", edits={"scale.cu": SYNTAX_ERROR})
+    before = tree_digest(submissions)
+    report, rows, output = grade_all(submissions, tmp_path / "grades.json")
+    assert tree_digest(submissions) == before, "grading modified a submission"
+    assert set(report) == {"alice", "bob", "carol"} and len(rows) == 3
+    by_student = {row["student"]: row for row in rows}
+    assert by_student["alice"]["failed"] == "0" and int(by_student["alice"]["passed"]) > 0, output
+    assert int(by_student["bob"]["failed"]) > 0 and "TODO(lab00" in json.dumps(report["bob"])
+    assert int(by_student["carol"]["failed"]) > 0 and "did not build" in by_student["carol"]["errors"]
+
+
+@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+def test_crashing_and_hanging_kernels_fail_their_own_submission(tmp_path):
+    submissions = tmp_path / "class"
+    planted(submissions, "crasher", edits={"scale.cu": WILD_WRITE})
+    planted(submissions, "hanger", edits={"scale.cu": SPIN_FOREVER})
+    planted(submissions, "zoe")
+    report, rows, output = grade_all(submissions, tmp_path / "grades.json", "--deadline", "90")
+    by_student = {row["student"]: row for row in rows}
+    assert by_student["zoe"]["failed"] == "0", f"a good submission graded after a crash must pass:\n{output}"
+    crash = json.dumps(report["crasher"])
+    assert "illegal" in crash.lower() or "died" in crash, f"no CUDA error text for the crashing kernel:\n{crash[:2000]}"
+    assert "./course sanitize 00" in crash, "the crash report must give the compute-sanitizer command"
+    hang = report["hanger"][0]
+    assert "deadline" in hang.get("error", ""), f"the hanging kernel was not reported as hung: {hang.get('error')}"
+
+
+# ---------------------------------------------------------------- doctor
+class FakeProbe(doctor.Probe):
+    """A machine where everything is fine, unless a test breaks one thing."""
+
+    def __init__(self, **broken):
+        self.broken = broken
+
+    def which(self, name):
+        return None if name in self.broken.get("missing", ()) else f"/usr/bin/{name}"
+
+    def run(self, command):
+        if command[-1] == "--version" and "nvcc" in command[0]:
+            return f"Cuda compilation tools, release {self.broken.get('nvcc', '13.0')}, V13.0.88"
+        return "c++ (Debian 12.2.0) 12.2.0"
+
+    def free_gb(self, path):
+        return self.broken.get("free_gb", 80.0)
+
+    def torch_facts(self, env):
+        if self.broken.get("no_torch"):
+            return {}
+        return {"torch": "2.11.0+cu130", "cuda": "13.0", "gpu": None if self.broken.get("no_gpu") else "NVIDIA H100",
+                "cc": None if self.broken.get("no_gpu") else "9.0"}
+
+    def build_locks(self, build):
+        return [build / "jit" / "labs" / "00-first-kernel" / "lock"] if self.broken.get("lock") else []
+
+
+def _doctor(**broken) -> dict:
+    return {what: (ok, detail) for what, ok, detail in doctor.checks(trees.ROOT, trees, course_env, FakeProbe(**broken))}
+
+
+def test_doctor_all_good():
+    assert all(ok for ok, _ in _doctor().values())
+
+
+@pytest.mark.parametrize("broken, check, fix", [
+    ({"missing": ("nvcc",)}, "nvcc", "install the CUDA toolkit"),
+    ({"nvcc": "12.4"}, "nvcc vs torch CUDA", "install CUDA 13.x"),
+    ({"missing": ("ninja",)}, "ninja", "pip install ninja"),
+    ({"missing": ("c++", "g++")}, "host compiler", "apt-get install g++"),
+    ({"no_gpu": True}, "GPU", "GPU tests are skipped"),
+    ({"free_gb": 1.0}, "disk", "rm -rf build/"),
+    ({"lock": True}, "build locks", "rm "),
+    ({"no_torch": True}, "torch", "./course test once"),
+])
+def test_doctor_explains_each_failure(broken, check, fix):
+    results = _doctor(**broken)
+    ok, detail = results[check]
+    assert not ok and fix in detail, f"{check}: {detail}"

@@ -1,0 +1,118 @@
+"""Run one lab's tests in a process of its own: a crash or a hang fails that lab alone.
+
+The child writes per-test results to a JSON file (tests/conftest.py); this side
+adds what only the parent can see: that the process died, or that it ran past
+its deadline and was killed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+SEED_ENV = "COURSE_SEED"
+PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a laptop
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+# What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
+SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook"]
+
+
+def sanitize_hint(lab_number: str | None, impl: str) -> str:
+    if not lab_number:
+        return ""
+    return (f"\n  hint: find the faulting access with `./course sanitize {lab_number} --impl {impl}` "
+            f"(compute-sanitizer's memcheck, racecheck, synccheck and initcheck on small cases)")
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: str, impl_env: str, label: str,
+               lab_number: str | None, verbose: bool, deadline_s: int, seed: int | None = None,
+               pytest_args: list[str] | None = None, wrapper: list[str] | None = None) -> dict:
+    """pytest over `files` in a child process; returns its results plus what happened to the process."""
+    logs.mkdir(parents=True, exist_ok=True)
+    json_path, log_path = logs / f"{label}.json", logs / f"{label}.log"
+    json_path.unlink(missing_ok=True)
+    seed = seed if seed is not None else int(os.environ.get(SEED_ENV) or random.randrange(2**31))
+    command = [*(wrapper or []), python, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "-rN",
+               f"--course-json={json_path}", "--tb=short", *(pytest_args or [])]
+    environment = dict(os.environ, **{impl_env: impl, SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"})
+    print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
+    started = time.perf_counter()
+    hung = False
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
+        next_progress = started + PROGRESS_EVERY_S
+        while True:
+            now = time.perf_counter()
+            if now - started > deadline_s:
+                hung = True
+                process.kill()
+                break
+            if not verbose and now > next_progress:
+                print(f"[course] {label}: still running ({now - started:.0f} s; the first build of a lab takes longest)",
+                      flush=True)
+                next_progress = now + PROGRESS_EVERY_S
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            log.write(line)
+            if verbose:
+                sys.stdout.write(line)
+        process.wait()
+    seconds = time.perf_counter() - started
+    result = json.loads(json_path.read_text()) if json_path.exists() else {"tests": [], "perf": []}
+    result.update(label=label, impl=impl, seed=seed, seconds=seconds, returncode=process.returncode, log=str(log_path))
+    if hung:
+        result["error"] = (f"killed after the {deadline_s} s deadline: a kernel probably hangs (an endless loop, or "
+                           "__syncthreads() inside a branch that not every thread of the block takes)"
+                           + sanitize_hint(lab_number, impl).replace("find the faulting access", "find a barrier in divergent code"))
+    elif process.returncode not in (0, 1, 5) or not json_path.exists():
+        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-12:])
+        result["error"] = (f"the test process died (exit code {process.returncode}) before finishing; its last output:\n"
+                           f"{tail.rstrip()}" + sanitize_hint(lab_number, impl))
+    return result
+
+
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+
+
+def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str, impl_env: str, lab_number: str,
+             tools: tuple[str, ...] = SANITIZER_TOOLS, deadline_s: int = 1800) -> list[dict]:
+    """Each compute-sanitizer tool over the lab's correctness cases; one row per tool."""
+    rows = []
+    for tool in tools:
+        label = f"sanitize-{lab_number}-{tool}"
+        wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
+        if tool == "racecheck":
+            wrapper += ["--racecheck-report", "hazard"]
+        result = run_pytest(python, root, logs, [test_file], impl=impl, impl_env=impl_env, label=label,
+                            lab_number=lab_number, verbose=False, deadline_s=deadline_s,
+                            pytest_args=SANITIZE_SELECTION, wrapper=wrapper)
+        log_text = Path(result["log"]).read_text(errors="replace")
+        counts = [int(n) for n in _ERROR_SUMMARY.findall(log_text)]
+        findings = [line.strip() for line in log_text.splitlines() if line.startswith("========= ") and
+                    ("Invalid" in line or "Race" in line or "Uninitialized" in line or "Barrier" in line or "Error" in line)
+                    and "ERROR SUMMARY" not in line]
+        tests = result.get("tests", [])
+        rows.append({"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
+                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10],
+                     "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]})
+    return rows
