@@ -1,0 +1,304 @@
+"""Grader for lab 02: transpose through shared memory (naive, tiled, padded), its grid,
+its bank-conflict-free tile, batched and strided inputs, and its speed against a copy."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import harness
+from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+
+LAB = harness.lab("02")
+FP32 = torch.float32
+TILE = (32, 32)  # the solution's tile: the grader reports wrong elements by tile
+BANKS, BANK_BYTES, WARP = 32, 4, 32
+# Shapes that are not multiples of the tile (1, 31, 33, 4097), tall and wide, square, batched,
+# and one with more tiles than an H100 holds at once (1025 x 2049: 2145 blocks), so that the
+# edge tiles run long after the first tiles have finished.
+SHAPES = [(1, 1), (1, 31), (31, 33), (32, 32), (33, 4097), (4097, 33), (1000, 1000), (1025, 2049),
+          (3, 33, 65), (2, 1, 1), (8, 64, 96)]
+KERNELS = {"naive": ("lab02.1",), "tiled": ("lab02.1", "lab02.2"), "padded": ("lab02.1", "lab02.2", "lab02.3")}
+HINT = ("find the pattern in the wrong elements: NaN = never written (a missing tile or a kernel left empty); "
+        "wrong in every tile = row/col swapped in the shared-memory read or the output index; "
+        "wrong only at the start of rows after an edge tile = the write-out is missing its edge guard "
+        "(out_row < cols && out_col < rows), so the last tile spills into the next row; "
+        "wrong in a few scattered tiles, differing between runs = a missing __syncthreads() between "
+        "filling the tile and reading it back (a warp read a row another warp had not written yet)")
+
+
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def transposed(x: torch.Tensor) -> torch.Tensor:
+    """The float64 reference: the last two dims swapped."""
+    return x.double().transpose(-2, -1).contiguous()
+
+
+def run(kernel: str, x: torch.Tensor) -> torch.Tensor:
+    return getattr(LAB.module, f"{kernel}_transpose")(x)
+
+
+def test_builds():
+    """The lab compiles and imports: checked on every machine, GPU or not."""
+    for name in ("naive_transpose", "tiled_transpose", "padded_transpose", "transpose_grid", "tile_layout"):
+        assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
+
+
+# ---------------------------------------------------------------- CPU-side: the grid and the tile
+@pytest.mark.parametrize("batch, rows, cols", [(1, 1, 1), (1, 31, 33), (1, 33, 4097), (1, 4097, 33), (7, 1000, 1000),
+                                               (1, 8192, 8192), (1, 2**31, 1), (0, 5, 5), (1, 0, 9)])
+def test_transpose_grid(batch, rows, cols):
+    across, down, blocks = LAB.module.transpose_grid(batch, rows, cols)
+    tile = LAB.module.tile_layout()["tile"]
+    case = f"transpose_grid(batch={batch}, rows={rows}, cols={cols}) gave {across} tiles across, {down} down, {blocks} blocks"
+    problems = []
+    if across * tile < cols or down * tile < rows:
+        problems.append(f"the tiles do not cover the matrix: round up with ceil(n / {tile}), the last tile may be partial")
+    if (across - 1) * tile >= max(cols, 1) or (down - 1) * tile >= max(rows, 1):
+        problems.append("a whole row or column of tiles lies outside the matrix")
+    if blocks != batch * across * down:
+        problems.append("one block per tile of every matrix: blocks = batch * tiles_down * tiles_across")
+    if problems:
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems))
+
+
+def column_read_banks(row_stride: int) -> list[int]:
+    """Lanes per bank when lane i reads tile[i][0] of a tile whose rows are row_stride floats apart."""
+    hits = [0] * BANKS
+    for lane in range(WARP):
+        hits[(lane * row_stride) % BANKS] += 1
+    return hits
+
+
+def test_tile_shape_is_derived_from_the_hardware():
+    layout = LAB.module.tile_layout()
+    tile, block_rows = layout["tile"], layout["block_rows"]
+    assert tile == WARP, f"a tile row should be one warp wide (32 floats = 128 B, one line), got {tile}"
+    threads = tile * block_rows
+    assert threads % WARP == 0 and threads <= 1024 and tile % block_rows == 0, (
+        f"a {tile} x {block_rows} block: whole warps, at most 1024 threads, a whole number of rows per thread")
+
+
+def test_padded_tile_is_conflict_free():
+    """The padded kernel's shared tile must let a warp read a column in one pass: 32 lanes, 32 banks."""
+    layout = LAB.module.tile_layout()
+    stride, tile = layout["padded_row_stride"], layout["tile"]
+    hits = column_read_banks(stride)
+    worst = max(hits)
+    shared_bytes = tile * stride * BANK_BYTES
+    if worst > 1:
+        banks = [b for b, n in enumerate(hits) if n]
+        raise harness.GradeFailure(
+            f"padded tile: rows are {stride} floats apart, so a warp reading a column (lane i reads tile[i][c]) "
+            f"lands {worst} lanes in one bank (banks used: {banks[:8]}{'...' if len(banks) > 8 else ''}): "
+            f"a {worst}-way bank conflict, {worst} cycles instead of 1\n"
+            f"  hint: tile[i][c] is in bank (i * row_stride + c) mod 32; which row strides make i * row_stride mod 32 take 32 different values for i = 0..31?"
+            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab02.3",)))
+    assert stride >= tile, f"the padded tile's rows ({stride} floats) must hold a whole tile row of {tile}"
+    assert shared_bytes * 8 <= 64 * 1024, (
+        f"the padded tile takes {shared_bytes} B; 8 blocks per SM must fit a T4's 64 KiB of shared memory")
+
+
+def test_unpadded_tile_has_the_conflict_the_lesson_measures():
+    stride = LAB.module.tile_layout()["tiled_row_stride"]
+    assert max(column_read_banks(stride)) == WARP, (
+        f"the plain tiled kernel should keep its unpadded {stride}-float rows, so the lesson can measure the 32-way conflict")
+
+
+# ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_refuses_cpu_tensor(kernel):
+    LAB.assert_raises_clearly(lambda: run(kernel, torch.ones(4, 4)), must_mention=("CUDA",),
+                              case=f"{kernel}_transpose(x on the CPU)")
+
+
+# ---------------------------------------------------------------- GPU: correctness
+@requires_gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_transpose(kernel, shape):
+    x = random_tensor(shape, FP32)
+    poison_allocator(x.numel(), FP32)
+    out = run(kernel, x)
+    torch.cuda.synchronize()
+    LAB.assert_close(out, transposed(x), case=f"{kernel}_transpose shape {shape_id(shape)}, fp32", tol=tolerance(FP32),
+                     tasks=KERNELS[kernel], tile=TILE, hint=HINT)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", ["tiled", "padded"])
+def test_transpose_repeatedly(kernel):
+    """Races show up now and then: many tiles, several runs, each compared in full."""
+    x = random_tensor((16, 1000, 1000), FP32)
+    want = transposed(x)
+    for attempt in range(5):
+        poison_allocator(x.numel(), FP32)
+        out = run(kernel, x)
+        torch.cuda.synchronize()
+        LAB.assert_close(out, want, case=f"{kernel}_transpose shape 16x1000x1000, run {attempt + 1} of 5",
+                         tol=tolerance(FP32), tasks=KERNELS[kernel], tile=TILE, hint=HINT)
+
+
+def strided_views():
+    """(name, a non-contiguous input) pairs: each a view torch makes without a copy."""
+    wide = random_tensor((70, 200), FP32)
+    square = random_tensor((65, 65), FP32)
+    batch = random_tensor((33, 5, 47), FP32)
+    return [
+        ("column slice wide[:, 3:100] (row stride 200)", wide[:, 3:100]),
+        ("every other column wide[:, ::2] (column stride 2)", wide[:, ::2]),
+        ("transposed view square.t()", square.t()),
+        ("batch-second view batch.transpose(0, 1)", batch.transpose(0, 1)),
+        ("expanded batch expand(4, 33, 47) (batch stride 0)", batch[:, 0].expand(4, 33, 47)),
+        ("row slice with offset wide[5:40]", wide[5:40]),
+    ]
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_noncontiguous_input(kernel):
+    """Views are handled through their strides, with no copy and no refusal."""
+    for name, x in strided_views():
+        assert not x.is_contiguous() or x.storage_offset(), name
+        poison_allocator(x.numel(), FP32)
+        out = run(kernel, x)
+        torch.cuda.synchronize()
+        LAB.assert_close(out, transposed(x), case=f"{kernel}_transpose of {name}, shape {shape_id(x.shape)}",
+                         tol=tolerance(FP32), tasks=KERNELS[kernel], tile=TILE,
+                         hint="element (b, r, c) of x is at b * x.stride(0) + r * x.stride(-2) + c * x.stride(-1); "
+                              "pass the strides torch reports instead of assuming a contiguous layout")
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (3, 0, 7), (0, 4, 4)], ids=shape_id)
+def test_empty_input(shape):
+    x = torch.empty(shape, device="cuda")
+    for kernel in KERNELS:
+        out = run(kernel, x)
+        want = tuple(shape[:-2]) + (shape[-1], shape[-2])
+        assert tuple(out.shape) == want, (
+            f"{kernel}_transpose of an empty {shape_id(shape)} tensor returned shape {tuple(out.shape)}, expected {want}"
+            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab02.1",)))
+
+
+@requires_gpu
+def test_runs_on_current_stream():
+    """The kernels must run on PyTorch's current stream, ordered after the work queued there."""
+    stream = torch.cuda.Stream()
+    source = random_tensor((4, 512, 768), FP32)
+    x = torch.zeros_like(source)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before x is filled
+        x.copy_(source)
+        out = LAB.module.padded_transpose(x)
+    stream.synchronize()
+    LAB.assert_close(out, transposed(source), case="padded_transpose under torch.cuda.stream(s)", tol=tolerance(FP32),
+                     tasks=("lab02.1",), tile=TILE,
+                     hint="launch with <<<blocks, threads, 0, stream>>> where stream = course::current_stream()")
+
+
+@requires_gpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_input_errors(kernel):
+    x = random_tensor((33, 17), FP32)
+    LAB.assert_raises_clearly(lambda: run(kernel, x.double()), must_mention=("dtype", "float"),
+                              case=f"{kernel}_transpose(x of dtype float64)")
+    LAB.assert_raises_clearly(lambda: run(kernel, x.half()), must_mention=("dtype",),
+                              case=f"{kernel}_transpose(x of dtype float16)")
+    LAB.assert_raises_clearly(lambda: run(kernel, x[0]), must_mention=("matrix",),
+                              case=f"{kernel}_transpose(x of shape [17], a vector)")
+    LAB.assert_raises_clearly(lambda: run(kernel, x.reshape(1, 1, 33, 17)), must_mention=("3 dimensions",),
+                              case=f"{kernel}_transpose(x of shape [1, 1, 33, 17])")
+
+
+# ---------------------------------------------------------------- GPU: speed
+# Memory-bound: a transpose reads and writes every element once, 2 x 4 bytes per float.
+# 4 x 8192 x 8192 floats = 1 GiB per tensor (each matrix the SYLLABUS's 8192^2 case), 20x
+# an H100's 50 MiB L2, so this times HBM, and 262144 tiles fill every SM many times over.
+PERF_SHAPE = (4, 8192, 8192)
+PERF_BYTES = 2 * 4 * math.prod(PERF_SHAPE)
+
+
+def perf_case(kernel: str, *, against: str, student_bar: float, target: float):
+    x = random_tensor(PERF_SHAPE, FP32)
+    last = {}
+
+    def ours():
+        last["out"] = run(kernel, x)
+
+    if against == "copy":
+        # The ceiling: the same bytes read and written by PyTorch's vectorized copy kernel.
+        dst = torch.empty_like(x)
+        baseline, baseline_name = (lambda: dst.copy_(x)), "torch copy (same bytes)"
+    else:
+        baseline, baseline_name = (lambda: x.transpose(-2, -1).contiguous()), "x.transpose(-2, -1).contiguous()"
+
+    def verify():
+        LAB.assert_close(last["out"], x.transpose(-2, -1), case=f"{kernel}_transpose: the output of the timed calls",
+                         tol=tolerance(FP32), tasks=KERNELS[kernel], tile=TILE, hint=HINT)
+
+    LAB.perf(name=f"{kernel} transpose {shape_id(PERF_SHAPE)} fp32 vs {against}", ours=ours, baseline=baseline,
+             baseline_name=baseline_name, bytes_moved=PERF_BYTES, student_bar=student_bar, target=target, verify=verify)
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_naive_vs_copy():
+    """The given naive kernel: the bottom rung of the ladder, only held to a sanity floor."""
+    perf_case("naive", against="copy", student_bar=0.15, target=0.2)
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_tiled_vs_copy():
+    """Coalesced on both sides, but every column read of the tile is a 32-way bank conflict, which
+    caps it near 2 TB/s on an H100 or H200 (132 SMs x ~1.9 GHz x 8 KiB per 1024 bank passes):
+    ~0.6x copy on an H100, ~0.5x on an H200. The bars only say it works at all."""
+    perf_case("tiled", against="copy", student_bar=0.3, target=0.35)
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_padded_vs_copy():
+    """The SYLLABUS target: >= 0.85x copy bandwidth. The student bar (0.75) sits above what a
+    bank-conflicted tile reaches (~0.6x on an H100, ~0.5x on an H200), so an unpadded tile fails it."""
+    perf_case("padded", against="copy", student_bar=0.75, target=0.85)
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_padded_vs_torch_transpose():
+    """PyTorch's own transpose-and-copy, the op this kernel would replace: at least as fast."""
+    perf_case("padded", against="torch", student_bar=0.8, target=1.0)
+
+
+# ---------------------------------------------------------------- the notebook
+def test_notebook_is_clean():
+    notebooks.validate(LAB.lab, LAB.tree)
+
+
+@requires_gpu
+def test_notebook_runs():
+    notebooks.execute(LAB.lab, LAB.tree)
+
+
+# ---------------------------------------------------------------- known-wrong variants the grader must fail
+MUTANTS = [
+    harness.Mutant("no-syncthreads", "transpose.cu", "  __syncthreads();\n", "",
+                   tests="test_transpose and (tiled or padded)", expect="__syncthreads"),
+    harness.Mutant("swapped-tile-read", "transpose.cu", "= tile[lane][threadIdx.y + j * kBlockRows];",
+                   "= tile[threadIdx.y + j * kBlockRows][lane];", tests="test_transpose and padded", expect="tile ("),
+    harness.Mutant("unguarded-edge-write", "transpose.cu", "if (out_row < shape.cols && out_col < shape.rows) {",
+                   "if (out_row < shape.cols) {", tests="test_transpose and padded", expect="edge guard"),
+    harness.Mutant("floor-division-grid", "transpose.cu", "course::ceil_div<int64_t>(rows, kTile)", "rows / kTile",
+                   tests="test_transpose_grid", expect="round up", needs_gpu=False),
+    harness.Mutant("padding-removed", "transpose.cu",
+                   "constexpr int kPaddedRowStride = kTile + 1;\n"
+                   "static_assert(column_read_ways(kPaddedRowStride) == 1, \"padded tile: a column read touches 32 different banks\");\n",
+                   "constexpr int kPaddedRowStride = kTile;\n", tests="test_perf_padded_vs_copy", expect="below the student bar",
+                   perf=True),
+]
