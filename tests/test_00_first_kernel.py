@@ -12,7 +12,8 @@ from harness import notebooks, poison_allocator, random_tensor, requires_gpu, to
 LAB = harness.lab("00")
 FP32 = torch.float32
 THREADS = 256  # the solution's block size: the grader reports wrong elements by block
-SHAPES = [(1,), (31,), (4097,), (2**24 + 3,), (3, 5, 7), (64, 1000)]
+# 2^24 + 3 elements: past one wave of any GPU's threads, so the grid-stride loop must loop.
+SHAPES = [(1,), (31,), (4097,), pytest.param((2**24 + 3,), marks=pytest.mark.large), (3, 5, 7), (64, 1000)]
 # (name, multiprocessors, max resident threads per multiprocessor) of GPUs students use.
 GPUS = [("T4", 40, 1024), ("A100", 108, 2048), ("H100", 132, 2048)]
 GRID_HINT = ("a grid-stride loop starts at blockIdx.x * blockDim.x + threadIdx.x and steps by "
@@ -193,6 +194,13 @@ MUTANTS = [
                    tests="test_launch_config", expect="too few threads to fill the GPU", needs_gpu=False),
     harness.Mutant("legacy-default-stream", "scale.cu", "axpy_kernel<<<config.blocks, config.threads, 0, stream>>>",
                    "axpy_kernel<<<config.blocks, config.threads>>>", tests="current_stream", expect="torch.cuda.stream"),
+    # Integrity: a kernel that skips work, or an op that returns an earlier result, must not pass.
+    harness.Mutant("half-written", "wrapper.cpp", "out.mutable_data_ptr<float>(), x.numel(),",
+                   "out.mutable_data_ptr<float>(), x.numel() / 2,", tests="test_axpy and block", expect="never written"),
+    harness.Mutant("cached-result", "wrapper.cpp", "  at::Tensor y = at::empty_like(x);\n",
+                   "  static std::map<int64_t, at::Tensor> cache;\n  if (cache.count(x.numel())) return cache[x.numel()];\n"
+                   "  at::Tensor y = at::empty_like(x);\n  cache[x.numel()] = y;\n",
+                   tests="test_scale and block", expect="elements wrong"),
     harness.Mutant("no-shape-check", "wrapper.cpp", '  course::check_same_shape(x, y, "axpy", "x", "y");\n', "",
                    tests="axpy_input_errors", expect="expected a clear error"),
 ]
