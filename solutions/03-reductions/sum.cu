@@ -94,7 +94,7 @@ LaunchConfig sum_grid(int64_t n, int sm_count, int resident_blocks_per_sm) {
   const int64_t needed_blocks = course::ceil_div<int64_t>(n, kThreadsPerBlock);
   LaunchConfig config{static_cast<int>(std::max<int64_t>(1, std::min(needed_blocks, one_wave))), kThreadsPerBlock};
   // SOLUTION STUB
-  // LaunchConfig config{1, kWarpSize};
+  // LaunchConfig config{1, kThreadsPerBlock};
   // SOLUTION END
   return config;
 }

@@ -1,0 +1,355 @@
+"""Grader for lab 03: warp all-reduce, block all-reduce, the two-pass sum (bitwise
+deterministic) and its atomic variant, and the row statistics softmax needs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import harness
+from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+
+LAB = harness.lab("03")
+FP32, BF16 = torch.float32, torch.bfloat16
+DTYPES = [FP32, BF16]
+WARP = 32
+THREADS = 256  # the solution's block size (reduce::kThreadsPerBlock)
+VECTOR_BYTES = 16  # the width of one vector load
+# (name, multiprocessors, resident 256-thread blocks per multiprocessor) of GPUs students use.
+GPUS = [("T4", 40, 4), ("A100", 108, 8), ("H100", 132, 8)]
+
+WARP_HINT = ("every lane must end with the reduction of all 32 lanes: five butterfly steps, "
+             "value = op(value, __shfl_xor_sync(0xffffffff, value, offset)) for offset = 16, 8, 4, 2, 1; "
+             "__shfl_down_sync leaves the total in lane 0 only, and a mask or offset that skips lanes loses their values")
+SUM_HINT = ("a result off by a little: elements lost (the tail of fewer than a vector's elements after the last whole "
+            "16-byte vector, or the head before the first aligned one); off by a lot or varying: a race in the block "
+            "reduce (__syncthreads() between the per-warp writes to shared memory and the reads that combine them), "
+            "or a warp reduce that loses lanes")
+ROW_HINT = ("every thread of a row (its warp, or its block for rows longer than 1024) must take part in both "
+            "all-reduces, see the same m before the second sweep, and cover the row's elements exactly once")
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def vector_elems(dtype) -> int:
+    return VECTOR_BYTES // torch.empty((), dtype=dtype).element_size()
+
+
+def sum_tolerance(x64: torch.Tensor) -> float:
+    """harness.tolerance(float32, n), the house rule for a length-n float32 reduction: the input
+    is exactly representable (bf16 widens to float32 exactly), so only the float32 adds round.
+
+    Rounding errors scale with the terms' size, ||x||_2, not with |sum x|, which can be far smaller when
+    terms cancel (a random sum near zero). The tolerance is widened by ||x||_2 / |sum x| for that case; a
+    lost element is still caught, because its size is that of a term and the tolerance is a small
+    multiple of u * sqrt(n) * ||x||_2."""
+    n = x64.numel()
+    total, norm = x64.sum().abs().item(), x64.norm().item()
+    return tolerance(FP32, n) * (1.0 + norm / max(total, 1e-30))
+
+
+# ---------------------------------------------------------------- builds
+def test_builds():
+    """The lab compiles and imports: checked on every machine, GPU or not."""
+    for name in ("sum", "sum_atomic", "warp_sums", "warp_maxes", "row_stats", "sum_grid", "row_stats_threads_per_row"):
+        assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
+
+
+# ---------------------------------------------------------------- CPU-side: the sum's grid
+@pytest.mark.parametrize("gpu, sm_count, blocks_per_sm", GPUS, ids=[g[0] for g in GPUS])
+@pytest.mark.parametrize("n", [1, 31, 4097, 2**28 + 5, 2**40])
+def test_sum_grid(gpu, sm_count, blocks_per_sm, n):
+    blocks, threads = LAB.module.sum_grid(n, sm_count, blocks_per_sm)
+    one_wave = sm_count * blocks_per_sm
+    case = (f"sum_grid(n={n}) on a {gpu} ({sm_count} SMs x {blocks_per_sm} resident blocks of {THREADS} threads) "
+            f"gave {blocks} blocks x {threads} threads")
+    problems = []
+    if threads != THREADS:
+        problems.append(f"use kThreadsPerBlock = {THREADS} threads: the occupancy figure resident_blocks_per_sm "
+                        "was computed for blocks of that size")
+    if not 1 <= blocks <= one_wave:
+        problems.append(f"blocks must be between 1 and one wave, {sm_count} x {blocks_per_sm} = {one_wave}: more blocks "
+                        "than fit on the GPU at once run as a late second wave, and each adds a partial to the second pass")
+    if (blocks - 1) * threads >= n:
+        problems.append("at least one whole block has no element to work on: use at most ceil(n / threads) blocks")
+    if blocks * threads < min(n, one_wave * threads):
+        problems.append(f"too few threads to fill the GPU: one wave is {one_wave} blocks")
+    if problems:
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems)
+                                   + harness.check.todo_note(LAB.lab, LAB.tree, ("lab03.3",)))
+
+
+@pytest.mark.parametrize("cols, threads", [(1, WARP), (1000, WARP), (1024, WARP), (1025, THREADS), (8192, THREADS)])
+def test_row_stats_threads_per_row(cols, threads):
+    got = LAB.module.row_stats_threads_per_row(cols)
+    assert got == threads, f"row_stats_threads_per_row({cols}) = {got}, expected {threads} (a warp up to 1024 columns)"
+
+
+# ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+@pytest.mark.parametrize("name", ["sum", "sum_atomic", "warp_sums", "row_stats"])
+def test_refuses_cpu_tensor(name):
+    LAB.assert_raises_clearly(lambda: getattr(LAB.module, name)(torch.ones(4, 4)), must_mention=("CUDA",),
+                              case=f"{name}(x on the CPU)")
+
+
+# ---------------------------------------------------------------- GPU: the warp all-reduce
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 4097, 2**20 + 7])
+def test_warp_reduce(n, op, dtype):
+    x = random_tensor((n,), dtype)
+    segments = -(-n // WARP)
+    identity = 0.0 if op == "sum" else float("-inf")
+    padded = torch.full((segments * WARP,), identity, dtype=torch.float64, device="cuda")
+    padded[:n] = x.double()
+    ref = padded.view(segments, WARP).sum(1) if op == "sum" else padded.view(segments, WARP).amax(1)
+    poison_allocator(segments, FP32)
+    out = LAB.module.warp_sums(x) if op == "sum" else LAB.module.warp_maxes(x)
+    torch.cuda.synchronize()
+    LAB.assert_close(out, ref, case=f"warp_{op} of n={n} ({segments} segments of 32, the last lane writes), {dtype_name(dtype)}",
+                     tol=tolerance(FP32, WARP), tasks=("lab03.1",), hint=WARP_HINT)
+
+
+# ---------------------------------------------------------------- GPU: the full sum
+# (n, offset): offset > 0 starts x that many elements into its allocation, so its first
+# element is not 16-byte aligned and the kernel must sum a head before its first vector.
+SUM_CASES = [(1, 0), (31, 0), (33, 0), (4097, 0), (4097, 1), (2**20 + 3, 3), (2**24 + 1, 0), (2**28 + 5, 0)]
+
+
+def check_sum(out, x, case, tasks=("lab03.1", "lab03.2", "lab03.3")):
+    x64 = x.double()
+    LAB.assert_close(out, x64.sum(), case=case, tol=sum_tolerance(x64), tasks=tasks, hint=SUM_HINT)
+
+
+def sum_case(name, x, offset, dtype, blocks=0):
+    n, vec = x.numel(), vector_elems(dtype)
+    grid = f"{blocks} blocks" if blocks else "derived grid"
+    return (f"{name} of n={n} {dtype_name(dtype)} ({n // vec} whole {vec}-element vectors + {n % vec} tail elements"
+            f"{f', starting {offset} elements past an aligned address' if offset else ''}), {grid}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("n, offset", SUM_CASES, ids=[f"{n}{f'+off{o}' if o else ''}" for n, o in SUM_CASES])
+def test_sum(n, offset, dtype):
+    x = random_tensor((n + offset,), dtype)[offset:]
+    poison_allocator(1, FP32)
+    out = LAB.module.sum(x)
+    torch.cuda.synchronize()
+    check_sum(out, x, sum_case("sum", x, offset, dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("blocks", [1, 7])
+@pytest.mark.parametrize("n", [33, 4097, 2**20 + 3])
+def test_sum_any_grid(n, blocks):
+    """A grid-stride loop must cover every element whatever the grid."""
+    x = random_tensor((n,), FP32)
+    poison_allocator(1, FP32)
+    out = LAB.module.sum(x, blocks)
+    torch.cuda.synchronize()
+    check_sum(out, x, sum_case("sum", x, 0, FP32, blocks))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("n", [2**24 + 3, 2**28 + 5])
+def test_sum_is_bitwise_deterministic(n, dtype):
+    """The same input gives the same bits on every run: the guarantee of the two-pass sum."""
+    runs = 8
+    x = random_tensor((n,), dtype)
+    first = LAB.module.sum(x)
+    for run in range(2, runs + 1):
+        again = LAB.module.sum(x)
+        if not torch.equal(first, again):
+            raise harness.GradeFailure(
+                f"sum of the same {n} {dtype_name(dtype)} elements gave {first.item()!r} on run 1 and {again.item()!r} "
+                f"on run {run}: not bitwise identical\n  hint: a deterministic sum fixes the order of every add: "
+                "per-block partials stored to memory, then ONE block that sums them in a fixed order; atomicAdd on "
+                "floats adds in whatever order the blocks finish, and float addition is not associative"
+                + harness.check.todo_note(LAB.lab, LAB.tree, ("lab03.2", "lab03.3")))
+    check_sum(first, x, sum_case("sum (the repeated runs)", x, 0, dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("n", [1, 33, 4097, 2**24 + 3])
+def test_sum_atomic(n, dtype):
+    """Correct to rounding; its low bits may vary from run to run (the lesson shows it), so no bitwise check."""
+    x = random_tensor((n,), dtype)
+    out = LAB.module.sum_atomic(x)
+    torch.cuda.synchronize()
+    check_sum(out, x, sum_case("sum_atomic", x, 0, dtype))
+
+
+@requires_gpu
+def test_empty_input():
+    for name in ("sum", "sum_atomic"):
+        out = getattr(LAB.module, name)(torch.empty(0, device="cuda"))
+        assert out.shape == () and out.item() == 0.0, f"{name} of an empty tensor must be a 0-dim tensor holding 0"
+    assert LAB.module.warp_sums(torch.empty(0, device="cuda")).shape == (0,), "warp_sums of nothing is empty"
+    m, s = LAB.module.row_stats(torch.empty(0, 5, device="cuda"))
+    assert m.shape == s.shape == (0,), "row_stats of zero rows must return two empty tensors"
+
+
+@requires_gpu
+def test_sum_input_errors():
+    x = random_tensor((33, 17), FP32)
+    for name in ("sum", "sum_atomic"):
+        fn = getattr(LAB.module, name)
+        LAB.assert_raises_clearly(lambda: fn(x.double()), must_mention=("dtype", "float32", "bfloat16"),
+                                  case=f"{name}(x of dtype float64)")
+        LAB.assert_raises_clearly(lambda: fn(x.half()), must_mention=("dtype",), case=f"{name}(x of dtype float16)")
+        LAB.assert_raises_clearly(lambda: fn(x.t()), must_mention=("contiguous",), case=f"{name}(x.t(), a non-contiguous view)")
+        LAB.assert_raises_clearly(lambda: fn(x, -1), must_mention=("blocks",), case=f"{name}(x, blocks=-1)")
+
+
+# ---------------------------------------------------------------- GPU: the row statistics
+ROW_SHAPES = [(1, 1), (7, 33), (33, 4097), (4096, 1000), (3, 5, 128)]
+
+
+def check_row_stats(m, s, x, case):
+    x64 = x.double()
+    ref_m = x64.amax(-1)
+    ref_s = torch.exp(x64 - ref_m.unsqueeze(-1)).sum(-1)
+    cols = x.shape[-1]
+    tasks = ("lab03.1", "lab03.2", "lab03.4")
+    # max is exact in any order; the sum of exp's positive terms has no cancellation.
+    LAB.assert_close(m, ref_m, case=f"{case}: row max", tol=tolerance(FP32, cols), tasks=tasks, hint=ROW_HINT)
+    LAB.assert_close(s, ref_s, case=f"{case}: row sum of exp(x - max)", tol=tolerance(FP32, cols), tasks=tasks,
+                     hint=ROW_HINT)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("shape", ROW_SHAPES, ids=shape_id)
+def test_row_stats(shape, dtype):
+    x = random_tensor(shape, dtype) * 3  # a spread of a few units: exp(x - m) spans many orders of magnitude
+    rows, cols = x.numel() // shape[-1], shape[-1]
+    poison_allocator(2 * rows, FP32)
+    m, s = LAB.module.row_stats(x)
+    torch.cuda.synchronize()
+    per_row = "one warp" if cols <= 1024 else "one block"
+    check_row_stats(m, s, x, f"row_stats of {shape_id(shape)} {dtype_name(dtype)} ({per_row} per row)")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+def test_row_stats_unaligned_rows(dtype):
+    """A contiguous view that starts one element into its storage: rows are not 16-byte aligned,
+    so the vector loads must not be used (the solution falls back to one element per load)."""
+    rows, cols = 65, 1000
+    x = random_tensor((rows * cols + 1,), dtype)[1:].view(rows, cols)
+    poison_allocator(2 * rows, FP32)
+    m, s = LAB.module.row_stats(x)
+    torch.cuda.synchronize()
+    check_row_stats(m, s, x, f"row_stats of a {rows}x{cols} {dtype_name(dtype)} view starting 1 element into its storage")
+
+
+@requires_gpu
+def test_row_stats_input_errors():
+    x = random_tensor((33, 17), FP32)
+    rs = LAB.module.row_stats
+    LAB.assert_raises_clearly(lambda: rs(x.t()), must_mention=("contiguous",), case="row_stats(x.t(), a non-contiguous view)")
+    LAB.assert_raises_clearly(lambda: rs(x[:, ::2]), must_mention=("contiguous",), case="row_stats(x[:, ::2])")
+    LAB.assert_raises_clearly(lambda: rs(x.half()), must_mention=("dtype",), case="row_stats(x of dtype float16)")
+    LAB.assert_raises_clearly(lambda: rs(x[:, :0]), must_mention=("empty",), case="row_stats(x of shape [33, 0])")
+    LAB.assert_raises_clearly(lambda: rs(x[0, 0]), must_mention=("dimension",), case="row_stats(a 0-dim tensor)")
+
+
+@requires_gpu
+def test_runs_on_current_stream():
+    """The kernels must run on PyTorch's current stream, ordered after the work queued there."""
+    stream = torch.cuda.Stream()
+    source = random_tensor((1024, 1000), FP32)
+    x = torch.zeros_like(source)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before x is filled
+        x.copy_(source)
+        total = LAB.module.sum(x)
+        m, s = LAB.module.row_stats(x)
+    stream.synchronize()
+    check_sum(total, source, "sum under torch.cuda.stream(s) (launch on course::current_stream())")
+    check_row_stats(m, s, source, "row_stats under torch.cuda.stream(s) (launch on course::current_stream())")
+
+
+# ---------------------------------------------------------------- GPU: speed
+# Both are memory-bound: they read each element once and write almost nothing.
+SUM_PERF_N = 2**28  # 1 GiB of float32, far past the L2
+ROWS_PERF = (8192, 8192)  # 256 MiB of float32
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_sum():
+    x = random_tensor((SUM_PERF_N,), FP32)
+    last = {}
+
+    def ours():
+        last["out"] = LAB.module.sum(x)
+
+    def verify():
+        check_sum(last["out"], x, "sum: the output of the timed calls")
+
+    LAB.perf(name="sum 2^28 fp32", ours=ours, baseline=lambda: torch.sum(x), baseline_name="torch.sum",
+             bytes_moved=4 * SUM_PERF_N, student_bar=0.7, target=0.95, verify=verify)
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_row_stats():
+    """Ours reads x once (the second sweep hits the cache); PyTorch's amax, subtract, exp and sum
+    each make a pass over memory, and two of them write a full-size temporary."""
+    x = random_tensor(ROWS_PERF, FP32)
+    last = {}
+
+    def ours():
+        last["stats"] = LAB.module.row_stats(x)
+
+    def baseline():
+        m = torch.amax(x, -1, keepdim=True)
+        return m, torch.sum(torch.exp(x - m), -1)
+
+    def verify():
+        check_row_stats(*last["stats"], x, f"row_stats {shape_id(ROWS_PERF)}: the output of the timed calls")
+
+    LAB.perf(name=f"row_stats {shape_id(ROWS_PERF)} fp32", ours=ours, baseline=baseline,
+             baseline_name="torch.amax + sum(exp(x - m))", bytes_moved=4 * x.numel() + 2 * 4 * ROWS_PERF[0],
+             student_bar=1.0, target=1.5, verify=verify)
+
+
+# ---------------------------------------------------------------- the notebook
+def test_notebook_is_clean():
+    notebooks.validate(LAB.lab, LAB.tree)
+
+
+@requires_gpu
+def test_notebook_runs():
+    notebooks.execute(LAB.lab, LAB.tree)
+
+
+# ---------------------------------------------------------------- known-wrong variants the grader must fail
+MUTANTS = [
+    # Butterfly steps 8, 4, 2, 1 only: each half-warp reduces on its own and lanes 0-15 never meet 16-31.
+    harness.Mutant("lost-lanes-in-shuffle", "reduce.cuh", "for (int offset = kWarpSize / 2; offset > 0;",
+                   "for (int offset = kWarpSize / 4; offset > 0;", tests="test_warp_reduce", expect="all 32 lanes"),
+    # Warp 0 combines the per-warp results before the other warps have written theirs.
+    harness.Mutant("race-on-shared-partials", "reduce.cuh",
+                   "  __syncthreads();  // every warp's result is in shared memory before any warp reads them\n", "",
+                   tests="test_sum and not atomic and not grid", expect="__syncthreads"),
+    harness.Mutant("lost-tail", "sum.cu", "  if (thread < n - tail_start) acc[0] += reduce::to_float(x[tail_start + thread]);\n",
+                   "", tests="test_sum and not atomic and not grid", expect="tail elements"),
+    harness.Mutant("grid-not-one-wave", "sum.cu", "std::min(needed_blocks, one_wave)", "needed_blocks",
+                   tests="test_sum_grid", expect="more blocks than fit on the GPU at once", needs_gpu=False),
+    # The atomic path under the deterministic name: results are right to rounding, but their low bits vary
+    # with the order in which ~1000 blocks finish (caught whenever two of the 8 runs differ).
+    harness.Mutant("atomics-in-deterministic-sum", "wrapper.cpp", "/*deterministic=*/true", "/*deterministic=*/false",
+                   tests="bitwise", expect="not bitwise identical"),
+]
