@@ -247,9 +247,10 @@ def _perf_copy(name, call, *, student_bar, target, tasks, hint):
 @pytest.mark.perf
 def test_perf_copy_strided():
     tasks = ("lab01.2",)
-    case = _perf_copy(f"copy ladder 1/3: strided (stride {STRIDE}), 1 GiB fp32",
+    case = _perf_copy(f"ladder 1: strided copy (stride {STRIDE})",
                       lambda dst, src: LAB.module.copy_strided(dst, src, STRIDE),
-                      student_bar=0.01, target=0.02, tasks=tasks, hint="the strided copy is meant to be slow, not this slow")
+                      student_bar=0.01, target=0.02, tasks=tasks, hint="the strided copy is meant to be slow, not this slow: each thread walks its rows with a grid stride, "
+                           "for one column after another; no thread should be left with a whole column alone")
     if case.ratio > 0.5:
         raise harness.GradeFailure(
             f"{case.summary()}\n  a copy whose warps touch 32 different 128-byte lines per access cannot run at "
@@ -260,7 +261,7 @@ def test_perf_copy_strided():
 @requires_gpu
 @pytest.mark.perf
 def test_perf_copy_coalesced():
-    _perf_copy("copy ladder 2/3: coalesced scalar, 1 GiB fp32", LAB.module.copy_coalesced, student_bar=0.5,
+    _perf_copy("ladder 2: coalesced copy", LAB.module.copy_coalesced, student_bar=0.5,
                target=0.7, tasks=("lab01.1",),
                hint="consecutive threads must touch consecutive elements: index = blockIdx.x * blockDim.x + "
                     "threadIdx.x, plus the grid's thread count on every trip")
@@ -269,7 +270,7 @@ def test_perf_copy_coalesced():
 @requires_gpu
 @pytest.mark.perf
 def test_perf_copy_vectorized():
-    _perf_copy("copy ladder 3/3: float4 vectorized, 1 GiB fp32", LAB.module.copy_vectorized, student_bar=0.8,
+    _perf_copy("ladder 3: float4 copy", LAB.module.copy_vectorized, student_bar=0.8,
                target=0.95, tasks=("lab01.3", "lab01.4"),
                hint="issue all kVectorsPerThread float4 loads before the first store, with a warp's loads on "
                     "consecutive float4s, and keep the body free of per-element branches")
