@@ -17,7 +17,8 @@ and fails, with a list, on:
   in the browser, for every page
     - console errors, uncaught exceptions, failed or 4xx/5xx requests, any request that
       leaves 127.0.0.1 (the site must work offline: no CDN, no web font)
-    - an <img> that did not load; `\\(`, `\\[`, `$$` in the text outside code; `--8<--` anywhere
+    - an <img> that did not load; `\\(`, `\\[`, `$$` in the text outside code; `--8<--` outside
+      inline code (in the prose, or as a line of a code block)
     - a code block without its copy button
   and once: typing a lesson's title into the search box finds that lesson; the palette toggle
   switches to the dark scheme.
@@ -408,7 +409,7 @@ PAGE_PROBE = r"""
   await Promise.all(images.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; })));
   const broken = images.filter(i => !i.complete || i.naturalWidth === 0).map(i => i.getAttribute('src'));
   const body = document.body.cloneNode(true);
-  body.querySelectorAll('pre, code, script, style, textarea').forEach(e => e.remove());
+  body.querySelectorAll('pre, code, script, style, textarea, .md-search').forEach(e => e.remove());
   const prose = body.textContent;
   const leftovers = ['\\(', '\\[', '$$'].filter(t => prose.includes(t));
   // Material 9.6+ puts the copy button in pre > nav.md-code__nav; older ones in pre directly.
@@ -418,7 +419,10 @@ PAGE_PROBE = r"""
     title: document.title,
     broken_images: broken,
     tex_leftovers: leftovers,
-    snippet_markers: document.body.textContent.includes('--8<--'),
+    // A snippet marker left as a line of a code block, or anywhere in the prose (inline code may
+    // mention the syntax).
+    snippet_markers: prose.includes('--8<--') || Array.from(document.querySelectorAll('pre'))
+      .some(p => /^\s*(\/\/|#)?\s*-{2,}8<-{2,}\s/m.test(p.textContent)),
     arithmatex: Array.from(document.querySelectorAll('.arithmatex')).length,
     code_blocks: blocks.length,
     copy_buttons: copy.length,
@@ -465,10 +469,11 @@ def browser_checks(browser: Browser, base: str, pages: list[str], out: Path, les
         if page != "404.html" and not info["palette"]:
             problems.append("no palette toggle in the header")
         failures += [f"{page}: {p}" for p in problems]
-        status = "ok" if not problems else "FAILED"
-        notes.append(f"  {status:6} {page}  ({info['title']}; {info['code_blocks']} code blocks)")
+        notes.append(f"  {'ok':6} {page}  ({info['title']}; {info['code_blocks']} code blocks)")
         if page in shots:
             screenshot(tab, out / shots[page])
+            if LESSON.match(page):
+                figure(tab, out / shots[page].replace(".png", "-bench.png"))
 
     # Search: each lesson's title, typed into the search box, finds that lesson.
     for page in lesson_pages:
@@ -487,6 +492,7 @@ def browser_checks(browser: Browser, base: str, pages: list[str], out: Path, les
         else:
             notes.append(f"  ok     dark mode: the palette toggle switches {before} -> {after}")
         screenshot(tab, out / shots[lesson_pages[0]].replace(".png", "-dark.png"))
+        figure(tab, out / shots[lesson_pages[0]].replace(".png", "-bench-dark.png"))
         problems = page_events(tab.events, host)
         failures += [f"{lesson_pages[0]} (dark): {p}" for p in problems]
         tab.evaluate("localStorage.clear()")
@@ -542,9 +548,25 @@ def page_events(events: list[dict], host: str) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-def screenshot(tab: DevTools, path: Path) -> None:
-    data = tab.call("Page.captureScreenshot", format="png")["data"]
+def screenshot(tab: DevTools, path: Path, clip: dict | None = None) -> None:
+    params = {"format": "png"}
+    if clip:
+        params.update(clip=dict(clip, scale=1), captureBeyondViewport=True)
+    data = tab.call("Page.captureScreenshot", **params)["data"]
     path.write_bytes(base64.b64decode(data))
+
+
+def figure(tab: DevTools, path: Path) -> None:
+    """A screenshot of the page's benchmark figure and table, to look at in both schemes."""
+    box = tab.evaluate("""(() => {
+      const f = document.querySelector('figure.bench'); if (!f) return null;
+      const t = f.nextElementSibling; const a = f.getBoundingClientRect();
+      const b = (t || f).getBoundingClientRect();
+      return {x: a.left + scrollX - 8, y: a.top + scrollY - 8, width: Math.max(a.width, b.width) + 16,
+              height: b.bottom - a.top + 16};
+    })()""")
+    if box:
+        screenshot(tab, path, box)
 
 
 # ====================================================================== main
@@ -585,7 +607,9 @@ def main(argv=None) -> int:
         server.shutdown()
 
     print(f"browser_check: {len(pages)} pages of {site} in {chromium} ({time.monotonic() - started:.1f} s)")
-    print("\n".join(notes) if notes else "\n".join(f"  {p}" for p in pages))
+    failed = {f.split(":", 1)[0] for f in failures}
+    print("\n".join(n.replace("  ok     ", "  FAILED ", 1) if n.split()[1] in failed else n for n in notes)
+          if notes else "\n".join(f"  {p}" for p in pages))
     shots = sorted(p for p in out.glob("*.png"))
     if shots:
         print("screenshots: " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in shots))
