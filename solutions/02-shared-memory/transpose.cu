@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __syncthreads();
 
   // Write: output row r is input column r, so thread (lane, y) writes output rows
-  // origin.col + y + j, column origin.row + lane: a warp writes 128 contiguous bytes, taking
-  // column y + j of the tile, i.e. tile[lane][y + j] (the column read the banks care about).
+  // origin.col + y + 8j, column origin.row + lane: a warp writes 128 contiguous bytes, taking
+  // column y + 8j of the tile, tile[lane][y + 8j]: the column read that the banks care about.
   const int64_t out_col = origin.row + lane;
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
