@@ -208,7 +208,8 @@ def test_input_errors(name):
     x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
     LAB.assert_raises_clearly(lambda: fn(y, x.double()), must_mention=("dtype", "float"), case=f"{name}(dst, src float64)")
     LAB.assert_raises_clearly(lambda: fn(y.t(), x.t()), must_mention=("contiguous",), case=f"{name}(y.t(), x.t())")
-    LAB.assert_raises_clearly(lambda: fn(y[:, :16], x), must_mention=("shape",), case=f"{name}(dst [33, 16], src [33, 17])")
+    narrow = random_tensor((33, 16), FP32)
+    LAB.assert_raises_clearly(lambda: fn(narrow, x), must_mention=("shape",), case=f"{name}(dst [33, 16], src [33, 17])")
     LAB.assert_raises_clearly(lambda: fn(y.cpu(), x), must_mention=("CUDA",), case=f"{name}(dst on the CPU)")
     buffer = random_tensor((100,), FP32)
     LAB.assert_raises_clearly(lambda: fn(buffer[1:], buffer[:-1]), must_mention=("overlap",),
@@ -230,10 +231,11 @@ STRIDE = 32  # 128 bytes: every float of a warp's access in its own 128-byte lin
 
 def _perf_copy(name, call, *, student_bar, target, tasks, hint):
     src = random_tensor((PERF_N,), FP32)
-    dst, baseline_dst = torch.empty_like(src), torch.empty_like(src)
+    dst, baseline_dst = poisoned((PERF_N,), FP32), torch.empty_like(src)  # NaN: skipped work cannot pass verify
 
     def verify():
-        LAB.assert_close(dst, src, case=f"{name}: the output of the timed calls", tol=EXACT, tasks=tasks)
+        if not torch.equal(dst, src):  # the full comparison needs ~10 GiB of float64 temporaries at this size
+            LAB.assert_close(dst, src, case=f"{name}: the output of the timed calls", tol=EXACT, tasks=tasks)
 
     try:
         return LAB.perf(name=name, ours=lambda: call(dst, src), baseline=lambda: baseline_dst.copy_(src),

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash c755e620e5a2].
+// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash da4beeb89685].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's host wrapper: Tensors in, checks, current stream, launch. The copies write into a
@@ -29,32 +29,33 @@ static void check_copy(const at::Tensor& dst, const at::Tensor& src, const char*
 }
 // --8<-- [end:checks]
 
-at::Tensor copy_coalesced(const at::Tensor& dst, const at::Tensor& src, int64_t blocks) {
-  check_copy(dst, src, "copy_coalesced");
-  TORCH_CHECK(blocks >= 0, "copy_coalesced: blocks must be >= 0 (0 derives the grid), got ", blocks);
+// The part every copy shares: checks, device guard, launch on the current stream.
+template <typename Launcher>
+static at::Tensor run_copy(const char* op, const at::Tensor& dst, const at::Tensor& src, int64_t blocks,
+                           Launcher launch) {
+  check_copy(dst, src, op);
+  TORCH_CHECK(blocks >= 0, op, ": blocks must be >= 0 (0 derives the grid), got ", blocks);
+  // Make dst's GPU current, so the launch goes to the GPU the tensors live on.
   const c10::cuda::CUDAGuard device_guard(dst.device());
-  launch_copy_coalesced(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), src.numel(),
-                        static_cast<int>(blocks), course::current_stream());
+  launch(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), src.numel(), static_cast<int>(blocks),
+         course::current_stream());
   return dst;
+}
+
+at::Tensor copy_coalesced(const at::Tensor& dst, const at::Tensor& src, int64_t blocks) {
+  return run_copy("copy_coalesced", dst, src, blocks, launch_copy_coalesced);
 }
 
 at::Tensor copy_strided(const at::Tensor& dst, const at::Tensor& src, int64_t stride, int64_t blocks) {
-  check_copy(dst, src, "copy_strided");
   TORCH_CHECK(stride >= 1, "copy_strided: stride must be >= 1 (1 is the coalesced copy), got ", stride);
-  TORCH_CHECK(blocks >= 0, "copy_strided: blocks must be >= 0 (0 derives the grid), got ", blocks);
-  const c10::cuda::CUDAGuard device_guard(dst.device());
-  launch_copy_strided(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), src.numel(), stride,
-                      static_cast<int>(blocks), course::current_stream());
-  return dst;
+  return run_copy("copy_strided", dst, src, blocks,
+                  [stride](const float* from, float* to, int64_t n, int grid, cudaStream_t stream) {
+                    launch_copy_strided(from, to, n, stride, grid, stream);
+                  });
 }
 
 at::Tensor copy_vectorized(const at::Tensor& dst, const at::Tensor& src, int64_t blocks) {
-  check_copy(dst, src, "copy_vectorized");
-  TORCH_CHECK(blocks >= 0, "copy_vectorized: blocks must be >= 0 (0 derives the grid), got ", blocks);
-  const c10::cuda::CUDAGuard device_guard(dst.device());
-  launch_copy_vectorized(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), src.numel(),
-                         static_cast<int>(blocks), course::current_stream());
-  return dst;
+  return run_copy("copy_vectorized", dst, src, blocks, launch_copy_vectorized);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
