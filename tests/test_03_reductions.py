@@ -119,6 +119,8 @@ def test_warp_reduce(n, op, dtype):
 # ---------------------------------------------------------------- GPU: the full sum
 # (n, offset): offset > 0 starts x that many elements into its allocation, so its first
 # element is not 16-byte aligned and the kernel must sum a head before its first vector.
+# Sizes from 2^24 on fill every GPU's wave many times over (and are too big for compute-sanitizer).
+LARGE = pytest.mark.large
 SUM_CASES = [(1, 0), (31, 0), (33, 0), (4097, 0), (4097, 1), (2**20 + 3, 3), (2**24 + 1, 0), (2**28 + 5, 0)]
 
 
@@ -136,7 +138,8 @@ def sum_case(name, x, offset, dtype, blocks=0):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-@pytest.mark.parametrize("n, offset", SUM_CASES, ids=[f"{n}{f'+off{o}' if o else ''}" for n, o in SUM_CASES])
+@pytest.mark.parametrize("n, offset", [pytest.param(n, o, id=f"{n}{f'+off{o}' if o else ''}", marks=[LARGE] if n >= 2**24 else [])
+                                       for n, o in SUM_CASES])
 def test_sum(n, offset, dtype):
     x = random_tensor((n + offset,), dtype)[offset:]
     poison_allocator(1, FP32)
@@ -159,7 +162,7 @@ def test_sum_any_grid(n, blocks):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-@pytest.mark.parametrize("n", [2**24 + 3, 2**28 + 5])
+@pytest.mark.parametrize("n", [pytest.param(2**24 + 3, marks=LARGE), pytest.param(2**28 + 5, marks=LARGE)])
 def test_sum_is_bitwise_deterministic(n, dtype):
     """The same input gives the same bits on every run: the guarantee of the two-pass sum."""
     runs = 8
@@ -179,7 +182,7 @@ def test_sum_is_bitwise_deterministic(n, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-@pytest.mark.parametrize("n", [1, 33, 4097, 2**24 + 3])
+@pytest.mark.parametrize("n", [1, 33, 4097, pytest.param(2**24 + 3, marks=LARGE)])
 def test_sum_atomic(n, dtype):
     """Correct to rounding; its low bits may vary from run to run (the lesson shows it), so no bitwise check."""
     x = random_tensor((n,), dtype)

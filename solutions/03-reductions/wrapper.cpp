@@ -2,6 +2,7 @@
 // This is the only file of the lab that includes torch headers.
 #include <course/torch_op.h>
 
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -36,7 +37,8 @@ using ElementOf = std::remove_cv_t<std::remove_pointer_t<Pointer>>;
 // --8<-- [start:sum]
 static at::Tensor sum_impl(const at::Tensor& x, int64_t blocks, bool deterministic, const char* op) {
   check_input(x, op);
-  TORCH_CHECK(blocks >= 0, op, ": blocks must be >= 0 (0 derives the grid), got ", blocks);
+  TORCH_CHECK(blocks >= 0 && blocks <= std::numeric_limits<int>::max(), op,
+              ": blocks must be >= 0 (0 derives the grid) and fit in an int, got ", blocks);
   const c10::cuda::CUDAGuard device_guard(x.device());
   const auto float_options = x.options().dtype(at::kFloat);
   at::Tensor out = at::empty({}, float_options);  // allocated first: the grader poisons this one
