@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
-# One GPU-box session: install carried wheels, check the toolchain, run the suite on the
-# solutions, time cold and warm builds, benchmark each lab, and leave everything in $OUT.
-#   usage: bash tools/gpu/session.sh "00 01"     (labs to benchmark; default: all)
-# Run from the repository root on the GPU machine (the device tool), with .whl carried.
+# A GPU-box session in phases, each fitting one 10-minute device call. Results land in $OUT.
+#   bash tools/gpu/session.sh test "00 01"      grade the solutions (+ the notebooks), bench each lab
+#   bash tools/gpu/session.sh tooling           the grader's self-tests: mutants, skeletons, crash/hang isolation
+#   bash tools/gpu/session.sh sanitize "00 01"  compute-sanitizer's four tools over each lab's solution
+#   bash tools/gpu/session.sh builds 00         cold build, then rebuild after touching only the kernel
+# Run from the repository root, with .whl carried (nbclient and friends for the notebooks).
 set -u
+phase=${1:?phase: test, tooling, sanitize or builds}
+labs=${2:-$(ls solutions | cut -c1-2 | tr '\n' ' ')}
 OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 COURSE_SEED=${COURSE_SEED:-20261121}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-labs=${1:-$(ls solutions | cut -c1-2 | tr '\n' ' ')}
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-./course doctor | tee "$OUT/doctor.txt"
-
-# Build times: cold (empty build dir), then warm after touching only the first lab's kernel.
-first=$(echo $labs | cut -d' ' -f1)
-kernel=$(ls solutions/${first}-*/*.cu | head -1)
-{ ./course build "$first" --impl solutions --clean
-  touch "$kernel"
-  ./course build "$first" --impl solutions
-} 2>&1 | grep '\[course\] built' | tee "$OUT/build-times.txt"
-
-./course test --json "$OUT/test.json" 2>&1 | tee "$OUT/test.txt"
-for lab in $labs; do
-  ./course bench "$lab" --json 2>&1 | tee -a "$OUT/bench.txt"
-done
-cp site/data/bench/*.json "$OUT/" 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+case $phase in
+  test)
+    # shellcheck disable=SC2086
+    ./course test $labs --json "$OUT/test.json" 2>&1 | tee "$OUT/test.txt" | grep -vE '^\s+(PASS|log:)'
+    for lab in $labs; do ./course bench "$lab" --json 2>&1 | tee -a "$OUT/bench.txt" | grep -vE 'building and testing'; done
+    cp site/data/bench/*.json "$OUT/" ;;
+  tooling)
+    python3 -m pytest tests/test_course_mutants.py tests/test_course_tooling.py tests/test_course_grader.py \
+      -q -p no:cacheprovider -rfE -k "${3:-not site}" 2>&1 | tee "$OUT/tooling.txt" | tail -40 ;;
+  sanitize)
+    for lab in $labs; do ./course sanitize "$lab" --impl solutions --json "$OUT/sanitize-$lab.json" 2>&1 | tee -a "$OUT/sanitize.txt"; done ;;
+  builds)
+    first=$(echo "$labs" | cut -d' ' -f1)
+    kernel=$(ls solutions/"$first"-*/*.cu | head -1)
+    { ./course build "$first" --impl solutions --clean; touch "$kernel"; ./course build "$first" --impl solutions; } 2>&1 \
+      | grep '\[course\] built' | tee "$OUT/build-times.txt" ;;
+esac
 tar czf "$OUT/logs.tgz" build/logs 2>/dev/null
-echo "session done"
+echo "phase $phase done"
