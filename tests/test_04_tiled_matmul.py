@@ -1,0 +1,320 @@
+"""Grader for lab 04: the SGEMM ladder, kernel 1 (naive) ... kernel 7 (warp tiling), against cuBLAS fp32."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import harness
+from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+
+LAB = harness.lab("04")
+FP32 = torch.float32
+
+
+class Rung:
+    def __init__(self, number, name, tile, tasks, hint):
+        self.number, self.name, self.tile, self.tasks, self.hint = number, name, tile, tasks, hint
+
+    def __repr__(self):
+        return f"k{self.number}-{self.name.replace(' ', '-')}"
+
+
+_GUARDS = "loads outside A or B must read 0 (zero-fill), and stores outside C must be skipped"
+# The ladder: number, name (as the perf cases and the lesson call it), the block's tile of C (for
+# locating wrong elements), the tasks each kernel needs, and a hint for when it is wrong.
+LADDER = [
+    Rung(1, "naive", (32, 32), (), "one thread per C[row, col]; rows past M or columns past N return"),
+    Rung(2, "coalesced", (32, 32), (), "threadIdx.x walks along a row of C"),
+    Rung(3, "smem tiles", (32, 32), ("lab04.1",),
+         "each step k0: a_tile[ty][tx] = A[row, k0 + tx], b_tile[ty][tx] = B[k0 + ty, col], a __syncthreads() after "
+         "the loads and another after the products; " + _GUARDS),
+    Rung(4, "1D register blocking", (64, 64), (), _GUARDS),
+    Rung(5, "2D register blocking", (128, 128), ("lab04.2",),
+         "pass p loads tile rows a_row + p * kRowsPerPassA and b_row + p * kRowsPerPassB; acc[i][j] is "
+         "C[row0 + thread_row + i, col0 + thread_col + j]; " + _GUARDS),
+    # Kernels 6 and 7 run kernel 5 when can_vectorize() says no (and its stub always says no).
+    Rung(6, "vectorized", (128, 128), ("lab04.2", "lab04.3"),
+         "float4 loads and stores need K and N multiples of 4 and 16-byte-aligned A, B and C: otherwise kernel 5 runs"),
+    Rung(7, "warp tiling", (128, 128), ("lab04.2", "lab04.3"),
+         "float4 loads and stores need K and N multiples of 4 and 16-byte-aligned A, B and C: otherwise kernel 5 runs"),
+]
+RUNG = {r.number: r for r in LADDER}
+# (M, N, K): tiny, odd, not multiples of any tile, square and very rectangular. 1000 and 36 are
+# multiples of 4 (kernels 6 and 7 take their float4 path with partial tiles); 33, 4097 and 65 are not.
+SHAPES = [
+    (1, 1, 1), (1, 4096, 4), (17, 33, 65), (64, 64, 64), (129, 260, 36), (31, 4097, 33),
+    pytest.param((1000, 1000, 1000), marks=pytest.mark.large), pytest.param((4097, 31, 129), marks=pytest.mark.large),
+    pytest.param((128, 4097, 64), marks=pytest.mark.large), pytest.param((4096, 12, 520), marks=pytest.mark.large),
+]
+
+
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def test_builds():
+    """The lab compiles and imports: checked on every machine, GPU or not."""
+    for name in ("matmul", "kernels", "can_vectorize"):
+        assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
+    names = LAB.module.kernels()
+    assert sorted(names) == [r.number for r in LADDER], f"kernels() lists {names}, expected kernels 1 ... 7"
+
+
+# ---------------------------------------------------------------- CPU-side: when float4s are safe
+BASE = 0x7F00_0000_0000  # 512-byte aligned, like the caching allocator's blocks
+VECTOR_SHAPES = [(1, 4, 4), (17, 33, 65), (128, 128, 128), (1000, 1000, 1000), (4097, 31, 129), (5, 8, 6), (5, 6, 8),
+                 (3, 4096, 4097)]
+OFFSETS = [(0, 0, 0), (4, 0, 0), (0, 8, 0), (0, 0, 12), (16, 32, 48), (2, 0, 0)]
+
+
+@pytest.mark.parametrize("offsets", OFFSETS, ids=lambda o: "a+{}-b+{}-c+{}".format(*o))
+@pytest.mark.parametrize("shape", VECTOR_SHAPES, ids=shape_id)
+def test_can_vectorize(shape, offsets):
+    M, N, K = shape
+    a, b, c = (BASE + i * 2**30 + off for i, off in enumerate(offsets))
+    got = LAB.module.can_vectorize(M, N, K, a, b, c)
+    case = f"can_vectorize(M={M}, N={N}, K={K}, A, B, C at 16k + {offsets} bytes) gave {got}"
+    reasons = []
+    if K % 4:
+        reasons.append(f"K = {K} is not a multiple of 4: row 1 of A starts 4 * K bytes after row 0, off the 16-byte grid, "
+                       "and the last float4 of a row would run into the next row")
+    if N % 4:
+        reasons.append(f"N = {N} is not a multiple of 4: the rows of B and C do not all start on a 16-byte boundary")
+    for name, off in zip("ABC", offsets):
+        if off % 16:
+            reasons.append(f"{name} starts {off % 16} bytes past a 16-byte boundary: a float4 access there fails "
+                           "with 'misaligned address'")
+    want = not reasons
+    if got != want:
+        why = ("\n  " + "\n  ".join(reasons)) if reasons else (
+            "\n  every float4 is whole and 16-byte aligned here (K and N multiples of 4, A, B and C aligned): "
+            "saying no runs the slower kernel 5")
+        raise harness.GradeFailure(f"{case}, expected {want}:{why}" + harness.check.todo_note(LAB.lab, LAB.tree, ("lab04.3",)))
+
+
+# ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+def test_refuses_cpu_tensors():
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(torch.ones(4, 4), torch.ones(4, 4), 3), must_mention=("CUDA",),
+                              case="matmul(a, b on the CPU)")
+
+
+@pytest.mark.parametrize("kernel", [0, 8, -1])
+def test_refuses_unknown_kernel(kernel):
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(torch.ones(4, 4), torch.ones(4, 4), kernel),
+                              must_mention=("kernel",), case=f"matmul(a, b, kernel={kernel})")
+
+
+# ---------------------------------------------------------------- GPU: correctness
+def _check(c, a, b, rung, case):
+    K = a.shape[1]
+    LAB.assert_close(c, a.double() @ b.double(), case=case, tol=tolerance(FP32, K), tasks=rung.tasks, tile=rung.tile,
+                     hint=rung.hint)
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("rung", LADDER, ids=repr)
+def test_matmul(rung, shape):
+    M, N, K = shape
+    a, b = random_tensor((M, K), FP32), random_tensor((K, N), FP32)
+    poison_allocator(M * N, FP32)
+    c = LAB.module.matmul(a, b, rung.number)
+    torch.cuda.synchronize()
+    _check(c, a, b, rung, f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("rung", LADDER, ids=repr)
+def test_matmul_many_tiles_of_k(rung):
+    """A long K: hundreds of tile loads per block, each a chance for a missing __syncthreads to race."""
+    M, N, K = 512, 512, 4096
+    a, b = random_tensor((M, K), FP32), random_tensor((K, N), FP32)
+    expected = a.double() @ b.double()
+    for attempt in range(3):
+        poison_allocator(M * N, FP32)
+        c = LAB.module.matmul(a, b, rung.number)
+        torch.cuda.synchronize()
+        LAB.assert_close(c, expected, case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}, call {attempt + 1}",
+                         tol=tolerance(FP32, K), tasks=rung.tasks, tile=rung.tile,
+                         hint="right on some calls and wrong on others, or wrong in scattered tiles, is a race: every "
+                              "tile load needs a __syncthreads() before the products read it, and another after them "
+                              "before the next load overwrites it")
+
+
+def _in_nan_band(rows, cols, band):
+    """A [rows, cols] matrix stored `band` floats into a buffer of NaNs, with `band` NaNs after it too.
+
+    band is a multiple of 4 floats, so the matrix keeps the buffer's 16-byte alignment."""
+    buffer = torch.full((band + rows * cols + band,), float("nan"), device="cuda")
+    matrix = buffer[band:band + rows * cols].view(rows, cols)
+    matrix.copy_(random_tensor((rows, cols), FP32))
+    return matrix
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", [(17, 33, 65), (129, 260, 36), (33, 100, 131)], ids=shape_id)
+@pytest.mark.parametrize("rung", LADDER, ids=repr)
+def test_matmul_guard_bands(rung, shape):
+    """A and B sit between NaNs: a kernel that reads outside them multiplies a NaN into C."""
+    M, N, K = shape
+    band = 4 * 32 * max(M, N, K)  # past any tile's overhang
+    a, b = _in_nan_band(M, K, band), _in_nan_band(K, N, band)
+    c = LAB.module.matmul(a, b, rung.number)
+    torch.cuda.synchronize()
+    LAB.assert_close(c, a.double() @ b.double(), case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}, "
+                     "A and B surrounded by NaN", tol=tolerance(FP32, K), tasks=rung.tasks, tile=rung.tile,
+                     hint="NaN in C here means the kernel read outside A or B: an edge tile's loads must be guarded "
+                          "(rows past M, columns past N and k past K read as 0, never from memory); zero-filling A "
+                          "alone is not enough, since 0 * NaN = NaN")
+
+
+@requires_gpu
+@pytest.mark.parametrize("rung", LADDER, ids=repr)
+def test_matmul_misaligned(rung):
+    """Contiguous views that start 4 bytes past a 16-byte boundary (x[1:]): kernels 6 and 7 must fall back."""
+    M, N, K = 64, 128, 96
+    a = random_tensor((M * K + 1,), FP32)[1:].view(M, K)
+    b = random_tensor((K * N + 3,), FP32)[3:].view(K, N)
+    c = LAB.module.matmul(a, b, rung.number)
+    torch.cuda.synchronize()
+    _check(c, a, b, rung, f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}, a = x[1:].view(...), b = y[3:].view(...)")
+
+
+@requires_gpu
+@pytest.mark.parametrize("rung", LADDER, ids=repr)
+def test_empty(rung):
+    a, b = random_tensor((5, 0), FP32), random_tensor((0, 7), FP32)
+    poison_allocator(35, FP32)
+    c = LAB.module.matmul(a, b, rung.number)
+    assert torch.equal(c, torch.zeros(5, 7, device="cuda")), f"kernel {rung.number}: [5, 0] @ [0, 7] must be zeros"
+    assert LAB.module.matmul(random_tensor((0, 3), FP32), random_tensor((3, 4), FP32), rung.number).shape == (0, 4)
+
+
+@requires_gpu
+def test_runs_on_current_stream():
+    """The kernels must run on PyTorch's current stream, ordered after the work queued there."""
+    stream = torch.cuda.Stream()
+    source = random_tensor((256, 256), FP32)
+    a = torch.zeros_like(source)
+    torch.cuda.synchronize()
+    outs = {}
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before a is filled
+        a.copy_(source)
+        for rung in LADDER:
+            outs[rung.number] = LAB.module.matmul(a, a, rung.number)
+    stream.synchronize()
+    for rung in LADDER:
+        LAB.assert_close(outs[rung.number], source.double() @ source.double(), case=f"kernel {rung.number} under "
+                         "torch.cuda.stream(s)", tol=tolerance(FP32, 256), tasks=rung.tasks,
+                         hint="launch with <<<grid, block, 0, stream>>> where stream is the one the wrapper passes")
+
+
+# ---------------------------------------------------------------- GPU: bad input gets a clear error
+@requires_gpu
+def test_refuses_non_contiguous():
+    """Only row-major, gap-free matrices: a transposed or sliced view is refused, never read in the wrong order."""
+    a, b = random_tensor((64, 48), FP32), random_tensor((48, 32), FP32)
+    views = {"a = x.t() of a [48, 64] tensor": (random_tensor((48, 64), FP32).t(), b),
+             "b.t() of a [32, 48] tensor": (a, random_tensor((32, 48), FP32).t()),
+             "a[:, ::2] (every other column)": (random_tensor((64, 96), FP32)[:, ::2], b),
+             "b[:, :32] of a [48, 40] tensor (gaps between rows)": (a, random_tensor((48, 40), FP32)[:, :32])}
+    for what, (x, y) in views.items():
+        LAB.assert_raises_clearly(lambda: LAB.module.matmul(x, y, 5), must_mention=("contiguous",),
+                                  case=f"matmul with {what}")
+
+
+@requires_gpu
+def test_input_errors():
+    a, b = random_tensor((33, 17), FP32), random_tensor((17, 9), FP32)
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(a.double(), b, 5), must_mention=("dtype", "float"),
+                              case="matmul(a float64, b)")
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(a, b[:16].contiguous(), 5), must_mention=("inner",),
+                              case="matmul(a [33, 17], b [16, 9])")
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(a.flatten(), b, 5), must_mention=("2-D",),
+                              case="matmul(a 1-D, b)")
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(a.unsqueeze(0), b, 5), must_mention=("2-D",),
+                              case="matmul(a [1, 33, 17] batched, b)")
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(a, b.cpu(), 5), must_mention=("CUDA",),
+                              case="matmul(a on the GPU, b on the CPU)")
+
+
+# ---------------------------------------------------------------- GPU: speed, the ladder against cuBLAS
+PERF = 4096  # 4096^3: 137 GFLOP, 1024 blocks of 128 x 128: several waves on every GPU
+_operands: dict = {}
+
+
+@contextlib.contextmanager
+def cublas_fp32():
+    """cuBLAS in true fp32: TF32 would round the inputs to 10 mantissa bits and run on tensor cores."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _perf_operands():
+    if not _operands:
+        a, b = random_tensor((PERF, PERF), FP32), random_tensor((PERF, PERF), FP32)
+        _operands.update(a=a, b=b, expected=(a.double() @ b.double()).float())
+    return _operands["a"], _operands["b"], _operands["expected"]
+
+
+# (kernel, student bar, reference target): ratios to cuBLAS fp32. The targets sit below what the
+# reference measured on an H100/H200, with margin; the student bars are what a first correct version
+# of the student's kernels reaches. Kernel 7's target is SYLLABUS's 0.70x (stretch 0.85x).
+PERF_BARS = [(1, 0.005, 0.005), (2, 0.02, 0.03), (3, 0.04, 0.06), (4, 0.15, 0.2), (5, 0.3, 0.45), (6, 0.35, 0.5),
+             (7, 0.4, 0.7)]
+
+
+@requires_gpu
+@pytest.mark.perf
+@pytest.mark.parametrize("number, student_bar, target", PERF_BARS, ids=[f"k{n}" for n, _, _ in PERF_BARS])
+def test_perf(number, student_bar, target):
+    rung = RUNG[number]
+    a, b, expected = _perf_operands()
+    last = {}
+
+    def ours():
+        last["c"] = LAB.module.matmul(a, b, number)
+
+    def verify():
+        LAB.assert_close(last["c"], expected, case=f"kernel {number}: the output of the timed calls",
+                         tol=tolerance(FP32, PERF), tasks=rung.tasks, tile=rung.tile)
+
+    with cublas_fp32():
+        try:
+            LAB.perf(name=f"k{number} {rung.name}", ours=ours, baseline=lambda: torch.matmul(a, b),
+                     baseline_name="torch.matmul fp32 (TF32 off)", flops=2 * PERF**3, student_bar=student_bar,
+                     target=target, verify=verify, reps=5 if number <= 2 else 25)
+        except harness.GradeFailure as failure:
+            raise harness.GradeFailure(f"{failure}\n  hint: {rung.hint}"
+                                       + harness.check.todo_note(LAB.lab, LAB.tree, rung.tasks)) from None
+
+
+# ---------------------------------------------------------------- the notebook
+def test_notebook_is_clean():
+    notebooks.validate(LAB.lab, LAB.tree)
+
+
+@requires_gpu
+def test_notebook_runs():
+    notebooks.execute(LAB.lab, LAB.tree)
+
+
+# ---------------------------------------------------------------- known-wrong variants the grader must fail
+MUTANTS = [
+    harness.Mutant("no-sync-after-products", "03_smem_tiles.cu",
+                   "    __syncthreads();  // everyone is done reading before the next iteration overwrites them\n", "",
+                   tests="test_matmul_many_tiles_of_k and k3", expect="race"),
+    harness.Mutant("a-tile-column-offset", "03_smem_tiles.cu", "A[row * K + k0 + tx]", "A[row * K + tx]",
+                   tests="test_matmul and k3", expect="elements wrong"),
+    harness.Mutant("edge-tiles-unguarded", "05_blocktiling_2d.cu", "(k0 + k < K && col0 + b_col < N) ?",
+                   "(col0 + b_col < N) ?", tests="test_matmul_guard_bands and k5", expect="read outside A or B"),
+    harness.Mutant("misalignment-ignored", "06_vectorized.cu", "return rows_aligned && bases_aligned;",
+                   "return rows_aligned;", tests="test_can_vectorize", expect="16-byte boundary", needs_gpu=False),
+]
