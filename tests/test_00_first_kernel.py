@@ -127,7 +127,7 @@ def test_scale_input_errors():
 def test_axpy_input_errors():
     x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
     tasks = ("lab00.4",)
-    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y[:, :16]), must_mention=("shape",),
+    LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y[:, :16].contiguous()), must_mention=("shape",),
                               case="axpy(x [33, 17], y [33, 16])", tasks=tasks)
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y.half()), must_mention=("dtype",),
                               case="axpy(x float32, y float16)", tasks=tasks)

@@ -1,0 +1,62 @@
+"""Time variants of a reference solution on the GPU box, to choose between them.
+
+    python3 tools/gpu/variants.py 02 'rows4:transpose.cu:kBlockRows = 8;:kBlockRows = 4;' ...
+
+Each variant is NAME:FILE:OLD:NEW (OLD must occur once in FILE; '\\n' allowed); several
+edits for one variant are joined with '|'. Each variant is built as a submission and
+benchmarked with `./course bench`; a table of every perf case's ratio ends the output.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from harness import trees  # noqa: E402
+
+
+def make_variant(lab, name: str, edits: list[tuple[str, str, str]]) -> Path:
+    import shutil
+
+    root = trees.BUILD / "variants" / lab.name / name
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(lab.dir_in(trees.resolve_tree("solutions")), root / lab.name)
+    for file, old, new in edits:
+        path = root / lab.name / file
+        text = path.read_text()
+        assert text.count(old) == 1, f"{name}: {old!r} occurs {text.count(old)} times in {file}"
+        path.write_text(text.replace(old, new))
+    return root
+
+
+def main() -> None:
+    lab = trees.find_lab(sys.argv[1])
+    rows = {}
+    for spec in ["base:::"] + sys.argv[2:]:
+        name, _, rest = spec.partition(":")
+        edits = []
+        for edit in rest.split("|") if rest != "::" else []:
+            file, old, new = edit.split(":", 2)
+            edits.append((file, old.replace("\\n", "\n"), new.replace("\\n", "\n")))
+        tree = make_variant(lab, name, edits)
+        out = tree / "bench.json"
+        run = subprocess.run([str(ROOT / "course"), "bench", lab.number, "--impl", str(tree), "--json", str(out)],
+                             cwd=ROOT, capture_output=True, text=True)
+        if not out.exists():
+            print(f"{name}: failed\n{run.stdout[-1500:]}")
+            continue
+        rows[name] = {c["name"]: (c["ratio"], c.get("pct_of_copy")) for c in json.loads(out.read_text())["cases"]}
+    cases = sorted({case for r in rows.values() for case in r})
+    for case in cases:
+        print(case)
+        for name, r in rows.items():
+            if case in r:
+                ratio, pct = r[case]
+                print(f"    {name:<24} {ratio:6.2f}x" + (f"  {pct:5.1f}% of copy" if pct else ""))
+
+
+if __name__ == "__main__":
+    main()
