@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/01_naive.cu by `./course labs` [lab-hash d23c7ce09a9e].
+// Lab skeleton generated from solutions/04-tiled-matmul/01_naive.cu by `./course labs` [lab-hash d71d7309acb3].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 1: naive. One thread per element of C, a dot product of a row of A and a column
@@ -13,7 +13,7 @@ constexpr int kNaiveTile = 32;
 static_assert(kNaiveTile * kNaiveTile <= 1024, "the hardware limit of threads per block");
 
 // --8<-- [start:naive]
-__global__ void sgemm_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M,
+__global__ void __launch_bounds__(kNaiveTile * kNaiveTile) sgemm_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M,
                             int N, int K) {
   // threadIdx.x walks down a column of C: the 32 threads of a warp have 32 different rows,
   // so each load of A[row, k] touches 32 different 128-byte lines (K floats apart), and

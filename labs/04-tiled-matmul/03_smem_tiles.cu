@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/03_smem_tiles.cu by `./course labs` [lab-hash 592546f008e8].
+// Lab skeleton generated from solutions/04-tiled-matmul/03_smem_tiles.cu by `./course labs` [lab-hash 924b62aa08d8].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 3: shared-memory tiles. A block computes a 32 x 32 tile of C. It walks K in steps
@@ -22,7 +22,7 @@ static_assert(kSmemTilesBytes <= 48 * 1024, "static shared memory is limited to 
 // --8<-- [end:tile]
 
 // --8<-- [start:smem_tiles]
-__global__ void sgemm_smem_tiles(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+__global__ void __launch_bounds__(kTile * kTile) sgemm_smem_tiles(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                                  int M, int N, int K) {
   __shared__ float a_tile[kTile][kTile];  // a_tile[r][k] = A[row0 + r, k0 + k]
   __shared__ float b_tile[kTile][kTile];  // b_tile[k][c] = B[k0 + k, col0 + c]

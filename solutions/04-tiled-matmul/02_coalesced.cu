@@ -8,7 +8,7 @@ constexpr int kCoalescedTile = 32;
 static_assert(kCoalescedTile == 32, "one warp per row of the block: threadIdx.x spans exactly a warp");
 
 // --8<-- [start:coalesced]
-__global__ void sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+__global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                                 int M, int N, int K) {
   // threadIdx.x now walks along a row of C. In one step k, the warp's 32 threads read
   // A[row, k] (one address: a broadcast), B[k, col..col+31] (one 128-byte line) and at the

@@ -19,7 +19,7 @@ static_assert(kSmemTilesBytes <= 48 * 1024, "static shared memory is limited to 
 // --8<-- [end:tile]
 
 // --8<-- [start:smem_tiles]
-__global__ void sgemm_smem_tiles(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+__global__ void __launch_bounds__(kTile * kTile) sgemm_smem_tiles(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
                                  int M, int N, int K) {
   __shared__ float a_tile[kTile][kTile];  // a_tile[r][k] = A[row0 + r, k0 + k]
   __shared__ float b_tile[kTile][kTile];  // b_tile[k][c] = B[k0 + k, col0 + c]

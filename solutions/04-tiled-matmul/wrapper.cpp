@@ -31,16 +31,19 @@ constexpr int64_t kMaxRowsOrCols = 65535LL * 32;
 
 // --8<-- [start:matmul]
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, int64_t kernel) {
-  TORCH_CHECK(1 <= kernel && kernel <= kKernels, "matmul: kernel must be 1 ... ", kKernels,
-              " (1 naive ... 7 warp tiling), got ", kernel);
+  // Messages are built as one std::string: numbers streamed into TORCH_CHECK's c10::str
+  // crashed (SIGSEGV) on the GPU box's g++ 13 build (see course::format_dims).
+  const std::string ladder = "1 ... " + std::to_string(kKernels) + " (1 naive ... 7 warp tiling)";
+  TORCH_CHECK(1 <= kernel && kernel <= kKernels, "matmul: kernel must be " + ladder + ", got " + std::to_string(kernel));
   course::check_cuda_tensor(a, "matmul", "a");
   course::check_cuda_tensor(b, "matmul", "b");
   course::check_dtype(a, "matmul", "a", at::kFloat);
   course::check_dtype(b, "matmul", "b", at::kFloat);
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: a and b must be 2-D matrices [M, K] and [K, N], got ",
-              course::describe(a), " and ", course::describe(b), "; for a batch, loop over it or use torch.bmm");
-  TORCH_CHECK(a.size(1) == b.size(0), "matmul: the inner dimensions must match (a is [M, K], b is [K, N]), got shapes ",
-              course::format_dims(a.sizes()), " and ", course::format_dims(b.sizes()));
+  const std::string operands = course::describe(a) + " and " + course::describe(b);
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: a and b must be 2-D matrices [M, K] and [K, N], got " + operands +
+                                                "; for a batch, loop over it or use torch.bmm");
+  TORCH_CHECK(a.size(1) == b.size(0),
+              "matmul: the inner dimensions must match (a is [M, K], b is [K, N]), got " + operands);
   // The kernels read row r of A at a + r * K: only right for row-major, gap-free storage. A
   // transposed view (x.t()) is refused rather than silently read in the wrong order.
   course::check_contiguous(a, "matmul", "a");
@@ -48,10 +51,11 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, int64_t kernel) {
   course::check_same_device(a, b, "matmul", "a", "b");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   TORCH_CHECK(M * K < INT_MAX && K * N < INT_MAX && M * N < INT_MAX,
-              "matmul: the kernels index with 32-bit ints, so each matrix must have fewer than 2^31 elements; got ",
-              course::format_dims(a.sizes()), " @ ", course::format_dims(b.sizes()), "; split the product into blocks");
-  TORCH_CHECK(M <= kMaxRowsOrCols && N <= kMaxRowsOrCols, "matmul: M and N must be at most ", kMaxRowsOrCols,
-              " (the grid's y limit of 65535 tiles of 32), got M = ", M, ", N = ", N);
+              "matmul: the kernels index with 32-bit ints, so each matrix must have fewer than 2^31 elements; got " +
+                  operands + "; split the product into blocks");
+  TORCH_CHECK(M <= kMaxRowsOrCols && N <= kMaxRowsOrCols,
+              "matmul: M and N must be at most " + std::to_string(kMaxRowsOrCols) +
+                  " (the grid's y limit of 65535 tiles of 32), got " + operands);
   const c10::cuda::CUDAGuard device_guard(a.device());
   if (K == 0) return at::zeros({M, N}, a.options());  // a sum over nothing; no kernel to launch
   at::Tensor c = at::empty({M, N}, a.options());
