@@ -121,6 +121,8 @@ def test_scale_input_errors():
                               case="scale(x of dtype float64)")
     LAB.assert_raises_clearly(lambda: LAB.module.scale(x.t(), 2.0), must_mention=("contiguous",),
                               case="scale(x.t(), a non-contiguous view)")
+    LAB.assert_raises_clearly(lambda: LAB.module.scale(x, 2.0, -1), must_mention=("blocks", "-1"),
+                              case="scale(x, blocks=-1)")
 
 
 @requires_gpu

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/00-first-kernel/wrapper.cpp by `./course labs` [lab-hash 0d43526eca5e].
+// Lab skeleton generated from solutions/00-first-kernel/wrapper.cpp by `./course labs` [lab-hash 5309fd99d362].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00's host wrapper: Tensor in, checks, current stream, launch, Tensor out.
@@ -12,7 +12,7 @@ at::Tensor scale(const at::Tensor& x, double alpha, int64_t blocks) {
   course::check_cuda_tensor(x, "scale", "x");
   course::check_dtype(x, "scale", "x", at::kFloat);
   course::check_contiguous(x, "scale", "x");
-  TORCH_CHECK(blocks >= 0, "scale: blocks must be >= 0 (0 derives the grid), got ", blocks);
+  TORCH_CHECK(blocks >= 0, "scale: blocks must be >= 0 (0 derives the grid), got ", std::to_string(blocks));
   // Make x's GPU current, so the allocation and the launch go to the GPU x lives on.
   const c10::cuda::CUDAGuard device_guard(x.device());
   at::Tensor y = at::empty_like(x);

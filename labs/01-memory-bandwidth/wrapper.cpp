@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash da4beeb89685].
+// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash 1924e24016b5].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's host wrapper: Tensors in, checks, current stream, launch. The copies write into a
@@ -34,7 +34,7 @@ template <typename Launcher>
 static at::Tensor run_copy(const char* op, const at::Tensor& dst, const at::Tensor& src, int64_t blocks,
                            Launcher launch) {
   check_copy(dst, src, op);
-  TORCH_CHECK(blocks >= 0, op, ": blocks must be >= 0 (0 derives the grid), got ", blocks);
+  TORCH_CHECK(blocks >= 0, op, ": blocks must be >= 0 (0 derives the grid), got ", std::to_string(blocks));
   // Make dst's GPU current, so the launch goes to the GPU the tensors live on.
   const c10::cuda::CUDAGuard device_guard(dst.device());
   launch(src.const_data_ptr<float>(), dst.mutable_data_ptr<float>(), src.numel(), static_cast<int>(blocks),
@@ -47,7 +47,7 @@ at::Tensor copy_coalesced(const at::Tensor& dst, const at::Tensor& src, int64_t 
 }
 
 at::Tensor copy_strided(const at::Tensor& dst, const at::Tensor& src, int64_t stride, int64_t blocks) {
-  TORCH_CHECK(stride >= 1, "copy_strided: stride must be >= 1 (1 is the coalesced copy), got ", stride);
+  TORCH_CHECK(stride >= 1, "copy_strided: stride must be >= 1 (1 is the coalesced copy), got ", std::to_string(stride));
   return run_copy("copy_strided", dst, src, blocks,
                   [stride](const float* from, float* to, int64_t n, int grid, cudaStream_t stream) {
                     launch_copy_strided(from, to, n, stride, grid, stream);
@@ -68,7 +68,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "vector_split",
       [](uint64_t src_address, uint64_t dst_address, int64_t n) {
-        TORCH_CHECK(n >= 0, "vector_split: n must be >= 0, got ", n);
+        TORCH_CHECK(n >= 0, "vector_split: n must be >= 0, got ", std::to_string(n));
         const VectorSplit s = vector_split(static_cast<uintptr_t>(src_address), static_cast<uintptr_t>(dst_address), n);
         return std::make_tuple(s.head, s.vectors, s.tail);
       },

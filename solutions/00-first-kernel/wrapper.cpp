@@ -9,7 +9,7 @@ at::Tensor scale(const at::Tensor& x, double alpha, int64_t blocks) {
   course::check_cuda_tensor(x, "scale", "x");
   course::check_dtype(x, "scale", "x", at::kFloat);
   course::check_contiguous(x, "scale", "x");
-  TORCH_CHECK(blocks >= 0, "scale: blocks must be >= 0 (0 derives the grid), got ", blocks);
+  TORCH_CHECK(blocks >= 0, "scale: blocks must be >= 0 (0 derives the grid), got ", std::to_string(blocks));
   // Make x's GPU current, so the allocation and the launch go to the GPU x lives on.
   const c10::cuda::CUDAGuard device_guard(x.device());
   at::Tensor y = at::empty_like(x);
@@ -29,7 +29,7 @@ at::Tensor axpy(double alpha, const at::Tensor& x, const at::Tensor& y, int64_t 
   }
   course::check_same_device(x, y, "axpy", "x", "y");
   course::check_same_shape(x, y, "axpy", "x", "y");
-  TORCH_CHECK(blocks >= 0, "axpy: blocks must be >= 0 (0 derives the grid), got ", blocks);
+  TORCH_CHECK(blocks >= 0, "axpy: blocks must be >= 0 (0 derives the grid), got ", std::to_string(blocks));
   const c10::cuda::CUDAGuard device_guard(x.device());
   at::Tensor out = at::empty_like(x);
   launch_axpy(static_cast<float>(alpha), x.const_data_ptr<float>(), y.const_data_ptr<float>(),

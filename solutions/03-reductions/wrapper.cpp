@@ -38,7 +38,7 @@ using ElementOf = std::remove_cv_t<std::remove_pointer_t<Pointer>>;
 static at::Tensor sum_impl(const at::Tensor& x, int64_t blocks, bool deterministic, const char* op) {
   check_input(x, op);
   TORCH_CHECK(blocks >= 0 && blocks <= std::numeric_limits<int>::max(), op,
-              ": blocks must be >= 0 (0 derives the grid) and fit in an int, got ", blocks);
+              ": blocks must be >= 0 (0 derives the grid) and fit in an int, got ", std::to_string(blocks));
   const c10::cuda::CUDAGuard device_guard(x.device());
   const auto float_options = x.options().dtype(at::kFloat);
   at::Tensor out = at::empty({}, float_options);  // allocated first: the grader poisons this one
