@@ -1,0 +1,191 @@
+// Lab 05's tensor-core building blocks: the fragment layout of mma.m16n8k16, the PTX
+// wrappers (ldmatrix, mma, cp.async) and the shared-memory swizzle. Every function here is
+// one instruction or a few integer operations; the GEMM in linear_act.cu is built from them.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor_cores.h"
+
+// The per-warp MMA shape: D[16x8] (fp32) += A[16x16] (row-major) * B[16x8] (col-major).
+constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
+constexpr int kWarpSize = 32;
+// One 16-byte chunk holds 8 two-byte elements: the unit of cp.async, ldmatrix rows and swizzling.
+constexpr int kChunkBytes = 16;
+constexpr int kElementsPerChunk = kChunkBytes / 2;
+static_assert(kElementsPerChunk == kShapeMultiple, "the shape contract is one 16-byte chunk");
+
+// --8<-- [start:fragments]
+// Which element of a 16x8 tile does each lane hold? The PTX ISA fixes it (section
+// "Matrix Fragments for mma.m16n8k16"): a warp is 8 groups of 4 lanes; group g = lane / 4 owns
+// rows g and g + 8, and lane t = lane % 4 in the group owns the two adjacent columns 2t, 2t+1.
+//   accumulator registers c0, c1: (row g,     cols 2t, 2t+1)
+//                         c2, c3: (row g + 8, cols 2t, 2t+1)
+// A (16x16) uses the same pattern twice along k (a0,a1: k 0-7; a2,a3: k 8-15), and B (16x8,
+// k by n) the transposed one: b0 holds (k 2t, 2t+1; n g), b1 the same 8 rows of k further on.
+__host__ __device__ inline Position accumulator_position(int lane, int register_index) {
+  // SOLUTION BEGIN lab05.1: the row and column, within the 16x8 accumulator tile, of accumulator register register_index (0..3) of lane (0..31)
+  const int group = lane / 4, lane_in_group = lane % 4;
+  return {group + 8 * (register_index / 2), 2 * lane_in_group + register_index % 2};
+  // SOLUTION STUB
+  // return {0, 0};
+  // SOLUTION END
+}
+
+// ldmatrix.x4 loads four 8x8 matrices of 2-byte elements from shared memory; lanes 8i..8i+7
+// give the addresses of the 8 rows of matrix i, and matrix i lands in register i of every lane
+// with the accumulator pattern (lane l holds row l / 4, elements 2(l % 4), 2(l % 4) + 1).
+// For A (16x16 at rows m, k-contiguous) registers a0..a3 must be the four 8x8 quarters in the
+// order (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+// Returns the (row, first k) of the 8 elements whose address `lane` supplies.
+__host__ __device__ inline Position ldmatrix_a_source(int lane) {
+  // SOLUTION BEGIN lab05.1: the row (0..15) and first k (0 or 8) of the 16x16 A tile that lane supplies to ldmatrix.x4
+  return {lane % 16, (lane / 16) * kElementsPerChunk};
+  // SOLUTION STUB
+  // return {0, 0};
+  // SOLUTION END
+}
+
+// For B, stored as weight rows n (k-contiguous, like nn.Linear), one ldmatrix.x4 covers two
+// n8 tiles: registers (b0, b1) of n-tile 0 = (n 0-7, k 0-7), (n 0-7, k 8-15), then (b0, b1) of
+// n-tile 1 = (n 8-15, k 0-7), (n 8-15, k 8-15). Returns (n, first k) of lane's 8 elements.
+__host__ __device__ inline Position ldmatrix_b_source(int lane) {
+  // SOLUTION BEGIN lab05.1: the n row (0..15) and first k (0 or 8) of the 16x16 weight tile that lane supplies to ldmatrix.x4
+  return {lane % 8 + 8 * (lane / 16), ((lane / 8) % 2) * kElementsPerChunk};
+  // SOLUTION STUB
+  // return {0, 0};
+  // SOLUTION END
+}
+// --8<-- [end:fragments]
+
+// --8<-- [start:swizzle]
+// Shared memory has 32 four-byte banks: 128 bytes (8 chunks) span all banks once, and the
+// bank group of a chunk is its offset in chunks mod 8. One ldmatrix 8x8 matrix reads the same
+// chunk column of 8 consecutive tile rows in one 128-byte pass, so those 8 chunks must land in
+// 8 different groups. Unswizzled they do not: rows of C chunks (C = 4 for 32 elements, 8 for
+// 64) put row r + 8 / C on the same banks as row r, so C = 4 is a 4-way conflict (rows r, r + 2,
+// r + 4, r + 6) and C = 8 an 8-way one (every row starts at bank 0).
+// The XOR swizzle permutes the chunks within each row by the row's "line" number
+// (row / (8 / C)) mod C: consecutive lines get different permutations, and since c ^ p takes C
+// different values for C different p, the 8 rows of an ldmatrix land in 8 different groups.
+// Rows stay whole, so a cp.async of one chunk is still one 16-byte store, and 8 consecutive
+// threads storing 128 contiguous bytes of rows still cover 8 groups.
+constexpr int kBankLineChunks = 128 / kChunkBytes;  // 8 chunks cover the 32 banks once
+
+template <int kChunksPerRow>
+__host__ __device__ inline int swizzled_chunk(int row, int chunk) {
+  static_assert(kChunksPerRow == 4 || kChunksPerRow == 8, "rows of 32 or 64 two-byte elements");
+  constexpr int kRowsPerLine = kBankLineChunks / kChunksPerRow;
+  return row * kChunksPerRow + (chunk ^ ((row / kRowsPerLine) % kChunksPerRow));
+}
+// --8<-- [end:swizzle]
+
+// ---------------------------------------------------------------- PTX wrappers
+__device__ inline uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// --8<-- [start:ptx]
+// Four 8x8 matrices of b16 from shared memory into 4 registers per lane (sm_75+).
+__device__ inline void ldmatrix_x4(uint32_t (&registers)[4], const void* row_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(registers[0]), "=r"(registers[1]), "=r"(registers[2]), "=r"(registers[3])
+               : "r"(shared_address(row_address)));
+}
+
+// d[4] += a[4] * b[2] for one 16x8x16 tile, fp32 accumulation. m16n8k16 exists from sm_80;
+// on sm_75 the fp16 product is two m16n8k8 halves: (a0, a1, b0) covers k 0-7, (a2, a3, b1) k 8-15.
+template <typename T>
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+
+template <>
+__device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+}
+
+template <>
+__device__ inline void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();  // no bf16 tensor cores before sm_80: the launcher refuses bf16 there
+#endif
+}
+
+// Copy one 16-byte chunk global -> shared, zero-filling it when `valid` is false (rows past M
+// or N, k past K), so partial tiles need no special case in the main loop. From sm_80 it is
+// asynchronous (cp.async, bypassing registers and L1); before, a plain load and store.
+__device__ inline void copy_chunk_async(void* shared_destination, const void* global_source, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int source_bytes = valid ? kChunkBytes : 0;  // bytes past source_bytes are filled with zeros
+  asm volatile("cp.async.cg.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_address(shared_destination)),
+               "l"(global_source), "n"(kChunkBytes), "r"(source_bytes));
+#else
+  *static_cast<uint4*>(shared_destination) = valid ? *static_cast<const uint4*>(global_source) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// Close the group of copies issued since the last commit.
+__device__ inline void commit_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait until at most `pending` committed groups of this thread are still in flight.
+template <int pending>
+__device__ inline void wait_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+#endif
+}
+// --8<-- [end:ptx]
+
+// ---------------------------------------------------------------- element conversions and activations
+__device__ inline float to_float(__half v) { return __half2float(v); }
+__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Round two fp32 values to the output type and store them as one 4-byte word.
+__device__ inline void store_pair(__half* out, float first, float second) {
+  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(first, second);
+}
+__device__ inline void store_pair(__nv_bfloat16* out, float first, float second) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
+}
+
+// --8<-- [start:activation]
+// GELU, tanh approximation (torch.nn.functional.gelu(approximate="tanh")):
+//   0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// tanhf, not tanh.approx: the epilogue is 1/K of the kernel's work, and the approximate
+// instruction's ~2^-11 error would rival fp16's output rounding.
+__device__ inline float activate(float x, Activation activation) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
+  switch (activation) {
+    case Activation::kRelu:
+      return fmaxf(x, 0.0f);
+    case Activation::kGelu:
+      return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+    default:
+      return x;
+  }
+}
+// --8<-- [end:activation]

@@ -1,0 +1,334 @@
+"""Grader for lab 05: the fused tensor-core linear layer out = act(x @ weight^T + bias).
+
+Tolerance, derived. The inputs are bf16/fp16 values and the float64 reference is computed from
+the SAME values, so input rounding cancels and two errors remain:
+  1. accumulation in fp32 over K products: independent roundings of relative size 2^-24 grow like
+     sqrt(K), which is harness.tolerance(float32, K) (8 * 2^-24 * sqrt(K): 4e-5 at K = 4096);
+  2. one rounding of the output to bf16 (2^-8) or fp16 (2^-11): harness.tolerance(dtype).
+The activation (fp32 tanhf) adds a few fp32 roundings, and its slope is at most ~1.13, so it
+magnifies neither. The output rounding dominates by two orders of magnitude, so a kernel that
+loses even one bit of its fp32 accumulators still passes, and a wrong element (bias from the
+wrong column, a missing k-slice) misses by far more.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import harness
+from harness import notebooks, poison_allocator, poisoned, random_tensor, requires_gpu, tolerance
+
+LAB = harness.lab("05")
+BF16, FP16 = torch.bfloat16, torch.float16
+TILE = (128, 128)  # the solution's block tile: failures name the tile of the first wrong element
+ALL_TASKS = ("lab05.1", "lab05.2", "lab05.3")
+# (M, N, K): M anything; N and K multiples of 8 (the contract). Edge tiles in every direction.
+SHAPES = [(1, 8, 8), (17, 40, 24), (31, 136, 72), (129, 264, 520), (1000, 1000, 1000)]
+ACTIVATIONS = {
+    "gelu": lambda t: F.gelu(t, approximate="tanh"),
+    "relu": torch.relu,
+    "none": lambda t: t,
+}
+HINT = ("if every element is wrong, look at the fragments (lab05.1) and the k-step (lab05.2); if only some "
+        "columns or rows are, at the epilogue's row/column arithmetic and its guards (lab05.3)")
+
+
+def shape_id(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def tol(dtype: torch.dtype, k: int) -> float:
+    return tolerance(dtype) + tolerance(torch.float32, k)
+
+
+def make_inputs(m: int, n: int, k: int, dtype: torch.dtype, batch=()):
+    """x ~ N(0, 1); weight ~ N(0, 1/K) like nn.Linear's init, so x @ weight^T ~ N(0, 1) and the
+    activation's curved part is exercised; bias ~ N(0, 1). All rounded to dtype first."""
+    x = random_tensor((*batch, m, k), dtype)
+    weight = (torch.randn(n, k, device="cuda") / math.sqrt(max(k, 1))).to(dtype)
+    bias = random_tensor((n,), dtype)
+    return x, weight, bias
+
+
+def reference(x, weight, bias, activation: str) -> torch.Tensor:
+    return ACTIVATIONS[activation](x.double() @ weight.double().t() + bias.double())
+
+
+def skip_without_bf16(dtype):
+    if dtype == BF16 and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("bfloat16 tensor cores need compute capability 8.0+; this GPU runs the float16 path only")
+
+
+def test_builds():
+    """The lab compiles and imports: checked on every machine, GPU or not."""
+    for name in ("linear_act", "tile_config", "accumulator_position", "ldmatrix_a_source", "ldmatrix_b_source",
+                 "swizzled_chunk"):
+        assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
+
+
+# ---------------------------------------------------------------- CPU-side: the fragment layout
+def test_accumulator_layout():
+    """PTX ISA, 'Matrix Fragments for mma.m16n8k16', accumulators: lane = 4 * group + t holds
+    (group, 2t), (group, 2t+1), (group+8, 2t), (group+8, 2t+1) in registers c0..c3."""
+    owner = {}
+    problems = []
+    for lane in range(32):
+        for index in range(4):
+            got = tuple(LAB.module.accumulator_position(lane, index))
+            want = (lane // 4 + 8 * (index // 2), 2 * (lane % 4) + index % 2)
+            if got != want and len(problems) < 4:
+                problems.append(f"lane {lane}, register c{index}: got (row, col) {got}, the PTX layout says {want}")
+            owner.setdefault(got, []).append((lane, index))
+    if len(owner) != 16 * 8 and not problems:
+        problems.append(f"the 32 lanes x 4 registers cover {len(owner)} of the 128 elements of the 16x8 tile")
+    if problems:
+        raise harness.GradeFailure(
+            "accumulator_position:\n  " + "\n  ".join(problems)
+            + "\n  hint: group = lane / 4 picks the rows (group and group + 8), lane % 4 the column pair"
+            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab05.1",)))
+
+
+# ldmatrix.x4: lanes 8i..8i+7 address the 8 rows of matrix i, which lands in register i. The
+# quarters of the 16x16 tile each operand needs in registers 0..3, as (first row, first k):
+A_QUARTERS = [(0, 0), (8, 0), (0, 8), (8, 8)]  # a0 a1 a2 a3: rows 0-7 / 8-15, then k 8-15
+B_QUARTERS = [(0, 0), (0, 8), (8, 0), (8, 8)]  # (b0 b1) of n-tile 0, then of n-tile 1
+
+
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_ldmatrix_sources(operand):
+    fn = getattr(LAB.module, f"ldmatrix_{operand}_source")
+    quarters = A_QUARTERS if operand == "a" else B_QUARTERS
+    problems = []
+    for lane in range(32):
+        first_row, first_k = quarters[lane // 8]
+        want = (first_row + lane % 8, first_k)
+        got = tuple(fn(lane))
+        if got != want:
+            problems.append(f"lane {lane}: got (row, first k) {got}, expected {want}")
+    if problems:
+        what = ("x: registers a0..a3 = (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15)"
+                if operand == "a" else
+                "weight: registers = (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)")
+        raise harness.GradeFailure(
+            f"ldmatrix_{operand}_source: {len(problems)} of 32 lanes address the wrong row:\n  "
+            + "\n  ".join(problems[:4]) + f"\n  hint: lane l gives row l % 8 of matrix l / 8; for {what}"
+            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab05.1",)))
+
+
+# ---------------------------------------------------------------- CPU-side: the swizzle
+def _chunks_per_row() -> int:
+    return LAB.module.tile_config(9)["block_k"] // 8  # 16-byte chunks of 8 two-byte elements
+
+
+def test_swizzle_is_a_permutation():
+    rows, chunks = 128, _chunks_per_row()
+    for r in range(rows):
+        row_offsets = sorted(LAB.module.swizzled_chunk(r, c) for c in range(chunks))
+        assert row_offsets == list(range(chunks * r, chunks * (r + 1))), (
+            f"swizzled_chunk: row {r} must map its {chunks} chunks one-to-one onto its own {16 * chunks} bytes "
+            f"(got offsets {row_offsets}): a cp.async chunk lands in one place, and no two chunks share one")
+
+
+def test_swizzle_is_conflict_free():
+    """One ldmatrix 8x8 matrix reads one chunk column of 8 consecutive rows in a single pass of
+    128 bytes: the 8 chunks must fall in 8 different bank groups (offset in chunks mod 8)."""
+    chunks = _chunks_per_row()
+    for first_row in range(0, 128, 8):
+        for chunk in range(chunks):
+            groups = [LAB.module.swizzled_chunk(first_row + i, chunk) % 8 for i in range(8)]
+            if len(set(groups)) != 8:
+                ways = max(groups.count(g) for g in groups)
+                raise harness.GradeFailure(
+                    f"swizzled_chunk: ldmatrix of rows {first_row}-{first_row + 7}, chunk {chunk} hits bank groups "
+                    f"{groups}: a {ways}-way bank conflict, so each ldmatrix takes {ways} passes\n"
+                    f"  hint: rows are {16 * chunks} bytes, so rows {8 // chunks} apart share banks; XOR the chunk "
+                    f"with (row / {8 // chunks}) % {chunks}")
+
+
+# ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+def test_refuses_cpu_tensors():
+    x, w, b = torch.ones(4, 8, dtype=BF16), torch.ones(8, 8, dtype=BF16), torch.ones(8, dtype=BF16)
+    LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, w, b), must_mention=("CUDA",),
+                              case="linear_act(x, weight, bias on the CPU)")
+
+
+def test_refuses_unknown_activation():
+    x, w, b = torch.ones(4, 8, dtype=BF16), torch.ones(8, 8, dtype=BF16), torch.ones(8, dtype=BF16)
+    LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, w, b, "swish"), must_mention=("activation", "gelu"),
+                              case="linear_act(..., activation='swish')")
+
+
+def test_tile_config_fits_every_gpu():
+    # (capability major, shared memory one block may use in bytes): T4, A100, H100.
+    for major, limit in ((7, 64 * 1024), (8, 163 * 1024), (9, 227 * 1024)):
+        config = LAB.module.tile_config(major)
+        assert config["shared_bytes"] <= limit, f"sm_{major}x: {config} needs more shared memory than {limit} bytes"
+        assert config["stages"] >= (3 if major >= 8 else 1), f"sm_{major}x: {config}: cp.async wants 3+ stages"
+
+
+# ---------------------------------------------------------------- GPU: correctness
+@requires_gpu
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_linear_act(shape, dtype, activation):
+    skip_without_bf16(dtype)
+    m, n, k = shape
+    x, weight, bias = make_inputs(m, n, k, dtype)
+    poison_allocator(m * n, dtype)
+    out = LAB.module.linear_act(x, weight, bias, activation)
+    torch.cuda.synchronize()
+    LAB.assert_close(out, reference(x, weight, bias, activation), tol=tol(dtype, k), tasks=ALL_TASKS, tile=TILE,
+                     case=f"linear_act M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}", hint=HINT)
+
+
+@requires_gpu
+@pytest.mark.parametrize("batch", [(3,), (2, 5)], ids=["3", "2x5"])
+def test_batched(batch):
+    """x [..., K]: the leading dimensions are rows of one GEMM (a contiguous x is one [M, K] matrix)."""
+    x, weight, bias = make_inputs(7, 48, 40, FP16, batch)
+    poison_allocator(x.numel() // 40 * 48, FP16)
+    out = LAB.module.linear_act(x, weight, bias, "gelu")
+    torch.cuda.synchronize()
+    LAB.assert_close(out, reference(x, weight, bias, "gelu"), tol=tol(FP16, 40), tasks=ALL_TASKS,
+                     case=f"linear_act x {list(x.shape)}, fp16, gelu")
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", [(17, 40, 24), (130, 136, 64), (255, 8, 8)], ids=shape_id)
+def test_edge_tiles_stay_inside(shape):
+    """`out` is a view of a larger NaN buffer: rows past M must stay NaN (the last row of tiles
+    runs past M, and its extra rows must be neither stored nor wrapped into the next row)."""
+    m, n, k = shape
+    x, weight, bias = make_inputs(m, n, k, FP16)
+    extra_rows = TILE[0]
+    buffer = poisoned((m + extra_rows, n), FP16)
+    LAB.module.linear_act(x, weight, bias, "gelu", out=buffer[:m])
+    torch.cuda.synchronize()
+    case = f"linear_act M={m} N={n} K={k} into out = buffer[:{m}]"
+    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(FP16, k), tasks=ALL_TASKS, tile=TILE,
+                     case=case, hint=HINT)
+    written = int((~buffer[m:].isnan()).sum().item())
+    if written:
+        first = int((~buffer[m:].isnan()).flatten().nonzero()[0].item())
+        raise harness.GradeFailure(
+            f"{case}: wrote {written} elements outside out, the first at row {m + first // n} (out has {m} rows)\n"
+            "  hint: the last tile of rows runs past M: skip rows >= M (and columns >= N) in the epilogue"
+            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab05.3",)))
+
+
+@requires_gpu
+def test_zero_rows():
+    x, weight, bias = make_inputs(0, 16, 16, FP16)
+    assert LAB.module.linear_act(x, weight, bias).shape == (0, 16), "M = 0 must give an empty [0, N] output"
+
+
+# ---------------------------------------------------------------- GPU: bad input gets a clear error
+@requires_gpu
+def test_input_errors():
+    x, weight, bias = make_inputs(16, 32, 64, FP16)
+    call = LAB.module.linear_act
+    cases = [
+        (lambda: call(x[:, :60], weight[:, :60], bias), ("multiple", "K = 60"), "K = 60, not a multiple of 8"),
+        (lambda: call(x, weight[:28], bias[:28]), ("multiple", "N = 28"), "N = 28, not a multiple of 8"),
+        (lambda: call(x.float(), weight.float(), bias.float()), ("dtype", "float16"), "float32 inputs"),
+        (lambda: call(x, weight.bfloat16(), bias), ("dtype",), "x float16, weight bfloat16"),
+        (lambda: call(x, weight, bias.bfloat16()), ("dtype",), "x float16, bias bfloat16"),
+        (lambda: call(x, weight.t(), bias), ("shape",), "weight as [K, N] instead of nn.Linear's [N, K]"),
+        (lambda: call(x, weight, bias[:16]), ("shape",), "bias of the wrong length"),
+        (lambda: call(x.t().contiguous().t(), weight, bias), ("contiguous",), "x non-contiguous"),
+        (lambda: call(x, weight.t().contiguous().t(), bias), ("contiguous",), "weight non-contiguous"),
+        (lambda: call(torch.empty(16 * 64 + 1, dtype=FP16, device="cuda")[1:].view(16, 64), weight, bias),
+         ("16-byte",), "x starting 2 bytes past a 16-byte boundary"),
+        (lambda: call(x, weight, bias, out=torch.empty(16, 16, dtype=FP16, device="cuda")), ("shape",),
+         "out of the wrong shape"),
+    ]
+    for fn, words, what in cases:
+        LAB.assert_raises_clearly(fn, must_mention=words, case=f"linear_act({what})")
+
+
+@requires_gpu
+def test_bf16_refused_before_sm80():
+    if torch.cuda.get_device_capability()[0] >= 8:
+        pytest.skip("this GPU has bfloat16 tensor cores; the refusal only applies before sm_80")
+    x, weight, bias = make_inputs(16, 16, 16, BF16)
+    LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, weight, bias), must_mention=("bfloat16", "float16"),
+                              case="linear_act(bfloat16 on a GPU without bf16 tensor cores)")
+
+
+# ---------------------------------------------------------------- GPU: speed
+# 4096^3: 2 * 4096^3 = 137 GFLOP against 3 * 32 MB of operands: compute-bound by a factor of ~100.
+PERF_M = PERF_N = PERF_K = 4096
+PERF_FLOPS = 2 * PERF_M * PERF_N * PERF_K
+
+
+def _perf_inputs():
+    skip_without_bf16(BF16)
+    return make_inputs(PERF_M, PERF_N, PERF_K, BF16)
+
+
+def _verify(last, x, weight, bias):
+    def verify():
+        LAB.assert_close(last["out"], reference(x, weight, bias, "gelu"), tol=tol(BF16, PERF_K), tasks=ALL_TASKS,
+                         tile=TILE, case="linear_act 4096^3 bf16 gelu: the output of the timed calls")
+    return verify
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_vs_cublas_gemm():
+    x, weight, bias = _perf_inputs()
+    last = {}
+
+    def ours():
+        last["out"] = LAB.module.linear_act(x, weight, bias, "gelu")
+
+    LAB.perf(name="linear+bias+GELU 4096^3 bf16 vs the GEMM alone", ours=ours,
+             baseline=lambda: torch.matmul(x, weight.t()), baseline_name="torch.matmul (cuBLAS)", flops=PERF_FLOPS,
+             student_bar=0.3, target=0.5, verify=_verify(last, x, weight, bias))
+
+
+@requires_gpu
+@pytest.mark.perf
+def test_perf_vs_unfused():
+    x, weight, bias = _perf_inputs()
+    last = {}
+
+    def ours():
+        last["out"] = LAB.module.linear_act(x, weight, bias, "gelu")
+
+    LAB.perf(name="linear+bias+GELU 4096^3 bf16 vs cuBLAS + separate GELU", ours=ours,
+             baseline=lambda: F.gelu(torch.addmm(bias, x, weight.t()), approximate="tanh"),
+             baseline_name="gelu(addmm)", flops=PERF_FLOPS, student_bar=0.4, target=0.6,
+             verify=_verify(last, x, weight, bias))
+
+
+# ---------------------------------------------------------------- the notebook
+def test_notebook_is_clean():
+    notebooks.validate(LAB.lab, LAB.tree)
+
+
+@requires_gpu
+def test_notebook_runs():
+    notebooks.execute(LAB.lab, LAB.tree)
+
+
+# ---------------------------------------------------------------- known-wrong variants the grader must fail
+_FIRST_VALUE = "activate(accumulators[i][j][2 * half] + bias_first, activation)"
+MUTANTS = [
+    harness.Mutant("gelu-applied-twice", "linear_act.cu", _FIRST_VALUE,
+                   "activate(" + _FIRST_VALUE + ", activation)", tests="test_linear_act and gelu",
+                   expect="elements wrong"),
+    harness.Mutant("bias-indexed-by-row", "linear_act.cu", _FIRST_VALUE,
+                   "activate(accumulators[i][j][2 * half] + to_float(bias[row % N]), activation)",
+                   tests="test_linear_act and 17x40x24", expect="elements wrong"),
+    harness.Mutant("no-cp-async-wait", "linear_act.cu", "    wait_copies<kStages - 2>();\n", "",
+                   tests="test_linear_act and 1000x1000x1000", expect="elements wrong"),
+    harness.Mutant("edge-rows-unguarded", "linear_act.cu", "        if (row >= M) continue;\n", "",
+                   tests="test_edge_tiles_stay_inside", expect="outside out"),
+    harness.Mutant("no-swizzle", "mma.cuh", "(chunk ^ ((row / kRowsPerLine) % kChunksPerRow))", "chunk",
+                   tests="test_swizzle", expect="bank conflict", needs_gpu=False),
+]
