@@ -291,6 +291,10 @@ def test_perf_vs_cublas_gemm():
              student_bar=0.3, target=0.5, verify=_verify(last, x, weight, bias))
 
 
+# The unfused layer costs the GEMM plus one elementwise pass over the output (~12% more at 4096^3
+# on an H200: 0.198 ms against 0.176 ms), so fusion only wins for a kernel within ~12% of cuBLAS.
+# mma.sync reaches ~2/3 of Hopper's wgmma peak at best, so "faster than unfused" is out of reach
+# there; the target is the GEMM bar (0.5x) carried over: 0.5 * 1.12 = 0.55x.
 @requires_gpu
 @pytest.mark.perf
 def test_perf_vs_unfused():
@@ -302,7 +306,7 @@ def test_perf_vs_unfused():
 
     LAB.perf(name="linear+bias+GELU 4096^3 bf16 vs cuBLAS + separate GELU", ours=ours,
              baseline=lambda: F.gelu(torch.addmm(bias, x, weight.t()), approximate="tanh"),
-             baseline_name="gelu(addmm)", flops=PERF_FLOPS, student_bar=0.4, target=0.6,
+             baseline_name="gelu(addmm)", flops=PERF_FLOPS, student_bar=0.33, target=0.55,
              verify=_verify(last, x, weight, bias))
 
 
