@@ -2,7 +2,7 @@
 
     python3 tools/gpu/variants.py 02 'rows4:transpose.cu:kBlockRows = 8;:kBlockRows = 4;' ...
 
-Each variant is NAME:FILE:OLD:NEW (OLD must occur once in FILE; '\\n' allowed); several
+Each variant is NAME:FILE:OLD:NEW (or @FILE with one such spec per line) (OLD must occur once in FILE; '\\n' allowed); several
 edits for one variant are joined with '|'. Each variant is built as a submission and
 benchmarked with `./course bench`; a table of every perf case's ratio ends the output.
 """
@@ -35,7 +35,10 @@ def make_variant(lab, name: str, edits: list[tuple[str, str, str]]) -> Path:
 def main() -> None:
     lab = trees.find_lab(sys.argv[1])
     rows = {}
-    for spec in ["base:::"] + sys.argv[2:]:
+    specs = []
+    for arg in sys.argv[2:]:  # @FILE: one variant spec per line
+        specs += Path(arg[1:]).read_text().splitlines() if arg.startswith("@") else [arg]
+    for spec in ["base:::"] + [s for s in specs if s.strip() and not s.startswith("#")]:
         name, _, rest = spec.partition(":")
         edits = []
         for edit in rest.split("|") if rest != "::" else []:
