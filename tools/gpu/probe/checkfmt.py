@@ -1,6 +1,6 @@
 import subprocess, sys
 from torch.utils.cpp_extension import load
-m = load(name="checkfmt", sources=["tools/gpu/probe/checkfmt.cpp"], extra_include_paths=["include"], build_directory="/tmp")
+m = load(name="checkfmt", sources=["tools/gpu/probe/checkfmt.cpp"], extra_include_paths=["include"], build_directory="/tmp", with_cuda=True)
 if len(sys.argv) > 1:
     fn = getattr(m, sys.argv[1])
     try:
