@@ -17,8 +17,13 @@
 
 namespace course {
 
-// "[33, 17]": formatted here rather than by streaming an IntArrayRef into TORCH_CHECK,
-// which crashed (SIGSEGV) inside c10::str on the GPU box's g++ 13 build.
+// Build error messages from strings: format numbers with std::to_string, shapes with
+// format_dims. TORCH_CHECK formats its arguments through std::ostringstream, and on the GPU box
+// (torch 2.11 wheel, extensions built by g++ 13.3) writing any integer to an ostringstream from
+// extension code crashes with SIGSEGV, while strings are fine: tools/gpu/probe/checkfmt.py
+// shows it. The message of an error that is never raised in testing would crash a student's run.
+//
+// "[33, 17]"
 inline std::string format_dims(c10::IntArrayRef dims) {
   std::string text = "[";
   for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);

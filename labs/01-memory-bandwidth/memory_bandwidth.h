@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/memory_bandwidth.h by `./course labs` [lab-hash 4e70d2edec89].
+// Lab skeleton generated from solutions/01-memory-bandwidth/memory_bandwidth.h by `./course labs` [lab-hash cd038eb757a0].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's kernel launchers: plain pointers, sizes and a stream, no torch types, so the
@@ -55,4 +55,5 @@ void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride
                          cudaStream_t stream);
 
 // The same copy with 16-byte float4 accesses, scalar head and tail; any alignment of src and dst.
+// blocks = 0 launches one block per chunk of the body (faster than one wave: see the launcher).
 void launch_copy_vectorized(const float* src, float* dst, int64_t n, int blocks, cudaStream_t stream);

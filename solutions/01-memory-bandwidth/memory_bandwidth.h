@@ -52,4 +52,5 @@ void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride
                          cudaStream_t stream);
 
 // The same copy with 16-byte float4 accesses, scalar head and tail; any alignment of src and dst.
+// blocks = 0 launches one block per chunk of the body (faster than one wave: see the launcher).
 void launch_copy_vectorized(const float* src, float* dst, int64_t n, int blocks, cudaStream_t stream);
