@@ -19,7 +19,7 @@ _records: list[dict] = []
 # A CUDA error inside a kernel (illegal address, device-side assert) breaks the process's
 # CUDA context: every later CUDA call fails with it. Record the first one and stop there.
 _STICKY_CUDA_ERROR = re.compile(r"illegal (memory )?(access|address|instruction)|device-side assert|"
-                                r"unspecified launch failure|misaligned address|CUDA error: an? ", re.IGNORECASE)
+                                r"unspecified launch failure|misaligned address", re.IGNORECASE)
 _broken_context: list[str] = []
 SEED = int(os.environ.get("COURSE_SEED") or random.randrange(2**31))
 SANITIZE_HINT = ("\n  hint: a kernel made an invalid access or hit an assert; find it with "

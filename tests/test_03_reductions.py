@@ -268,19 +268,12 @@ def test_row_stats_input_errors():
 
 @requires_gpu
 def test_runs_on_current_stream():
-    """The kernels must run on PyTorch's current stream, ordered after the work queued there."""
-    stream = torch.cuda.Stream()
+    """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     source = random_tensor((1024, 1000), FP32)
-    x = torch.zeros_like(source)
-    torch.cuda.synchronize()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(50_000_000)  # ~25 ms of GPU time queued before x is filled
-        x.copy_(source)
-        total = LAB.module.sum(x)
-        m, s = LAB.module.row_stats(x)
-    stream.synchronize()
-    check_sum(total, source, "sum under torch.cuda.stream(s) (launch on course::current_stream())")
-    check_row_stats(m, s, source, "row_stats under torch.cuda.stream(s) (launch on course::current_stream())")
+    total, (m, s) = LAB.capture_on_current_stream(lambda: (LAB.module.sum(source), LAB.module.row_stats(source)),
+                                                  case="sum and row_stats")
+    check_sum(total, source, "sum replayed from a CUDA graph")
+    check_row_stats(m, s, source, "row_stats replayed from a CUDA graph")
 
 
 # ---------------------------------------------------------------- GPU: speed

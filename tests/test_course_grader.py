@@ -51,7 +51,7 @@ def grade_all(submissions: Path, out: Path, *extra: str) -> tuple[dict, list[dic
 
 
 WILD_WRITE = ("    y[i] = alpha * x[i];", "    y[i + (int64_t{1} << 40)] = alpha * x[i];")
-SPIN_FOREVER = ("    y[i] = alpha * x[i];", "    volatile int spin = 1;\n    while (spin) {}\n    y[i] = alpha * x[i];")
+SPIN_FOREVER = ("    y[i] = alpha * x[i];", "    for (;;) __nanosleep(1000);  // a side effect the compiler must keep\n    y[i] = alpha * x[i];")
 SYNTAX_ERROR = ("#include <algorithm>", "#include <algorithm>\nthis is not C++;")
 
 

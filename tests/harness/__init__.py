@@ -55,6 +55,38 @@ class LabHandle:
             fn, must_mention=must_mention, case=case, lab=self.lab, tree=self.tree, tasks=tasks
         )
 
+    def capture_on_current_stream(self, run, *, case, tasks=()):
+        """Run `run()` (which launches the lab's ops and returns their outputs) inside a CUDA
+        graph captured on a side stream, replay it, and return the outputs.
+
+        Capture is the strict test of "launches on the current stream": a kernel launched on
+        the legacy default stream (`<<<blocks, threads>>>`, no stream) during capture is an
+        error, where outside capture it would only be unordered, and a race may hide it.
+        """
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()  # warm-up outside capture: lazy initialisation must not happen inside it
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                outputs = run()
+        except Exception as error:  # the launch error, or capture_end's report of it
+            torch.cuda.synchronize()
+            raise GradeFailure(
+                f"{case}: launching it while PyTorch captured a CUDA graph on the current stream failed:\n"
+                f"    {str(error).splitlines()[0][:300]}\n"
+                "  A kernel launched on the legacy default stream instead of the current stream breaks capture, and "
+                "outside capture runs unordered with the PyTorch work around it.\n"
+                "  hint: launch with <<<blocks, threads, shared_bytes, stream>>> where stream = course::current_stream()"
+                + check.todo_note(self.lab, self.tree, tasks)
+            ) from None
+        graph.replay()
+        torch.cuda.synchronize()
+        return outputs
+
     def perf(self, **kw) -> perf.PerfCase:
         return perf.perf_case(lab=self.lab.name, is_reference=self.tree.is_reference, **kw)
 

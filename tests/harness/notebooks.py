@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from . import trees
+from . import check, trees
 
 # IPython syntax that is not Python: shell escapes and magics.
 _IPYTHON_LINE = re.compile(r"^\s*[!%]")
@@ -51,9 +52,13 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
 
     path = notebook_path(lab, tree)
     notebook = nbformat.read(path, as_version=4)
+    # A submission lives outside the course: tell the notebook where include/ and build/ are,
+    # so it neither fails to find the course headers nor writes into the submission.
+    os.environ["COURSE_ROOT"] = str(trees.ROOT)
     client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()
     except nbclient.exceptions.CellExecutionError as error:
-        raise AssertionError(f"{path.name} failed while executing:\n{str(error)[-3000:]}") from None
+        raise AssertionError(f"{path.name} failed while executing:\n{str(error)[-3000:]}"
+                             + check.todo_note(lab, tree)) from None
