@@ -99,9 +99,11 @@ def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     x = random_tensor((2**20,), FP32)
     y, out = LAB.capture_on_current_stream(lambda: (LAB.module.scale(x, 2.0), LAB.module.axpy(2.0, x, x)),
-                                           case="scale and axpy", tasks=("lab00.4",))
-    LAB.assert_close(y, x.double() * 2, case="scale replayed from a CUDA graph", tol=tolerance(FP32))
-    LAB.assert_close(out, x.double() * 3, case="axpy replayed from a CUDA graph", tol=tolerance(FP32), tasks=("lab00.4",))
+                                           inputs=x, case="scale and axpy", tasks=("lab00.4",))
+    LAB.assert_close(y, x.double() * 2, case="scale replayed from a CUDA graph", tol=tolerance(FP32),
+                     hint=harness.STREAM_HINT)
+    LAB.assert_close(out, x.double() * 3, case="axpy replayed from a CUDA graph", tol=tolerance(FP32), tasks=("lab00.4",),
+                     hint=harness.STREAM_HINT)
 
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error

@@ -192,10 +192,11 @@ def test_runs_on_current_stream():
             fn(outs[name], source, 0)
         return outs
 
-    LAB.capture_on_current_stream(run, case="the three copies", tasks=tuple(t for _, ts in COPIES.values() for t in ts))
+    LAB.capture_on_current_stream(run, inputs=source, case="the three copies",
+                                  tasks=tuple(t for _, ts in COPIES.values() for t in ts))
     for name, (_, tasks) in COPIES.items():
         LAB.assert_close(outs[name], source.double(), case=f"copy_{name} replayed from a CUDA graph", tol=EXACT,
-                         tasks=tasks)
+                         tasks=tasks, hint=harness.STREAM_HINT)
 
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error

@@ -188,10 +188,10 @@ def test_empty_input(shape):
 def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     source = random_tensor((4, 512, 768), FP32)
-    out = LAB.capture_on_current_stream(lambda: LAB.module.padded_transpose(source), case="padded_transpose",
-                                        tasks=("lab02.1",))
+    out = LAB.capture_on_current_stream(lambda: LAB.module.padded_transpose(source), inputs=source,
+                                        case="padded_transpose", tasks=("lab02.1",))
     LAB.assert_close(out, transposed(source), case="padded_transpose replayed from a CUDA graph", tol=tolerance(FP32),
-                     tasks=("lab02.1",), tile=TILE)
+                     tasks=("lab02.1",), tile=TILE, hint=harness.STREAM_HINT)
 
 
 @requires_gpu

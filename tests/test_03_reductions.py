@@ -271,9 +271,9 @@ def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     source = random_tensor((1024, 1000), FP32)
     total, (m, s) = LAB.capture_on_current_stream(lambda: (LAB.module.sum(source), LAB.module.row_stats(source)),
-                                                  case="sum and row_stats")
-    check_sum(total, source, "sum replayed from a CUDA graph")
-    check_row_stats(m, s, source, "row_stats replayed from a CUDA graph")
+                                                  inputs=source, case="sum and row_stats")
+    check_sum(total, source, "sum replayed from a CUDA graph (" + harness.STREAM_HINT + ")")
+    check_row_stats(m, s, source, "row_stats replayed from a CUDA graph (" + harness.STREAM_HINT + ")")
 
 
 # ---------------------------------------------------------------- GPU: speed

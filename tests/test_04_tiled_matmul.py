@@ -197,10 +197,10 @@ def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     a = random_tensor((256, 256), FP32)
     outs = LAB.capture_on_current_stream(lambda: {rung.number: LAB.module.matmul(a, a, rung.number) for rung in LADDER},
-                                         case="every kernel of the ladder")
+                                         inputs=a, case="every kernel of the ladder")
     for rung in LADDER:
         LAB.assert_close(outs[rung.number], a.double() @ a.double(), case=f"kernel {rung.number} replayed from a CUDA graph",
-                         tol=tolerance(FP32, 256), tasks=rung.tasks)
+                         tol=tolerance(FP32, 256), tasks=rung.tasks, hint=harness.STREAM_HINT)
 
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error

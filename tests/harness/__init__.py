@@ -23,6 +23,10 @@ NO_GPU_REASON = (
     "on a CUDA GPU (grade there, or on Colab)"
 )
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+# For checks of outputs replayed from a CUDA graph (LabHandle.capture_on_current_stream).
+STREAM_HINT = ("a kernel launched on the legacy default stream (<<<blocks, threads>>> with no stream) instead of the "
+               "current stream is not part of a CUDA graph, and outside graphs runs unordered with the PyTorch work "
+               "around it: launch with <<<blocks, threads, shared_bytes, stream>>> where stream = course::current_stream()")
 # Generic error lines of nvcc and g++ ("file(12): error: ..." or "file:12:3: error: ...").
 _COMPILER_ERROR = re.compile(r"(error[: ]|Error [0-9]|undefined symbol)", re.IGNORECASE)
 
@@ -55,13 +59,15 @@ class LabHandle:
             fn, must_mention=must_mention, case=case, lab=self.lab, tree=self.tree, tasks=tasks
         )
 
-    def capture_on_current_stream(self, run, *, case, tasks=()):
-        """Run `run()` (which launches the lab's ops and returns their outputs) inside a CUDA
-        graph captured on a side stream, replay it, and return the outputs.
+    def capture_on_current_stream(self, run, *, inputs, case, tasks=()):
+        """Capture `run()` (which launches the lab's ops on `inputs` and returns their outputs)
+        in a CUDA graph on a side stream; then give the inputs fresh values, poison the outputs,
+        replay, and return the outputs, for the test to compare with the new inputs' reference.
 
-        Capture is the strict test of "launches on the current stream": a kernel launched on
-        the legacy default stream (`<<<blocks, threads>>>`, no stream) during capture is an
-        error, where outside capture it would only be unordered, and a race may hide it.
+        Only work launched on the current stream is captured. A kernel launched elsewhere (the
+        legacy default stream: `<<<blocks, threads>>>` with no stream) either breaks the capture
+        or runs once, eagerly, outside the graph: then the replay does not recompute the outputs,
+        and the NaN poison (or the old inputs' results) shows it.
         """
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -70,6 +76,7 @@ class LabHandle:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
+        hint = "  " + STREAM_HINT
         try:
             with torch.cuda.graph(graph):
                 outputs = run()
@@ -77,12 +84,14 @@ class LabHandle:
             torch.cuda.synchronize()
             raise GradeFailure(
                 f"{case}: launching it while PyTorch captured a CUDA graph on the current stream failed:\n"
-                f"    {str(error).splitlines()[0][:300]}\n"
-                "  A kernel launched on the legacy default stream instead of the current stream breaks capture, and "
-                "outside capture runs unordered with the PyTorch work around it.\n"
-                "  hint: launch with <<<blocks, threads, shared_bytes, stream>>> where stream = course::current_stream()"
-                + check.todo_note(self.lab, self.tree, tasks)
+                f"    {str(error).splitlines()[0][:300]}\n{hint}" + check.todo_note(self.lab, self.tree, tasks)
             ) from None
+        torch.cuda.synchronize()
+        for tensor in _tensors(inputs):
+            tensor.copy_(random_tensor(tuple(tensor.shape), tensor.dtype))
+        for tensor in _tensors(outputs):
+            if tensor.dtype.is_floating_point:
+                tensor.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         return outputs
@@ -94,11 +103,23 @@ class LabHandle:
         return check.open_todos(self.lab, self.tree)
 
 
+def _tensors(value):
+    """Every tensor in a tensor, or a (nested) tuple, list or dict of them."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+
+
 def lab(number: str) -> LabHandle:
     return LabHandle(number)
 
 
 __all__ = [
     "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
-    "requires_gpu", "tolerance", "trees", "perf", "check",
+    "requires_gpu", "STREAM_HINT", "tolerance", "trees", "perf", "check",
 ]
