@@ -91,7 +91,9 @@ def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: 
     return result
 
 
-_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+# memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
+# "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
 
 
 def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str, impl_env: str, lab_number: str,
@@ -107,12 +109,13 @@ def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str,
                             lab_number=lab_number, verbose=False, deadline_s=deadline_s,
                             pytest_args=SANITIZE_SELECTION, wrapper=wrapper)
         log_text = Path(result["log"]).read_text(errors="replace")
-        counts = [int(n) for n in _ERROR_SUMMARY.findall(log_text)]
+        counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
+        summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
         findings = [line.strip() for line in log_text.splitlines() if line.startswith("========= ") and
                     ("Invalid" in line or "Race" in line or "Uninitialized" in line or "Barrier" in line or "Error" in line)
                     and "ERROR SUMMARY" not in line]
         tests = result.get("tests", [])
         rows.append({"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
-                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10],
+                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10], "summaries": summaries[:4],
                      "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]})
     return rows
