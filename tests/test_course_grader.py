@@ -87,6 +87,21 @@ def test_crashing_and_hanging_kernels_fail_their_own_submission(tmp_path):
     assert "deadline" in hang.get("error", ""), f"the hanging kernel was not reported as hung: {hang.get('error')}"
 
 
+ONE_PAST_THE_END = ("    y[i] = alpha * x[i];", "    y[i + 1] = alpha * x[i];")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+def test_sanitize_finds_a_write_one_past_the_end(tmp_path):
+    """A write one element past the output: often invisible to the comparison, never to memcheck."""
+    submission = planted(tmp_path, "off-by-one", edits={"scale.cu": ONE_PAST_THE_END})
+    out = tmp_path / "sanitize.json"
+    run = subprocess.run([COURSE, "sanitize", "00", "--impl", str(submission), "--tool", "memcheck", "--json", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 1, f"./course sanitize passed a kernel that writes out of bounds:\n{run.stdout[-2000:]}"
+    memcheck = json.loads(out.read_text())["tools"][0]
+    assert memcheck["errors"] > 0 and any("Invalid __global__ write" in line for line in memcheck["findings"]), memcheck
+
+
 # ---------------------------------------------------------------- doctor
 class FakeProbe(doctor.Probe):
     """A machine where everything is fine, unless a test breaks one thing."""

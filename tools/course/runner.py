@@ -22,6 +22,10 @@ PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
 SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook"]
+# PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
+# just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
+# caching every tensor is its own allocation, and memcheck catches an access one element out.
+SANITIZE_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 
 
 def sanitize_hint(lab_number: str | None, impl: str) -> str:
@@ -39,7 +43,8 @@ def _pump(stream, lines: queue.Queue) -> None:
 
 def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: str, impl_env: str, label: str,
                lab_number: str | None, verbose: bool, deadline_s: int, seed: int | None = None,
-               pytest_args: list[str] | None = None, wrapper: list[str] | None = None) -> dict:
+               pytest_args: list[str] | None = None, wrapper: list[str] | None = None,
+               extra_env: dict | None = None) -> dict:
     """pytest over `files` in a child process; returns its results plus what happened to the process."""
     logs.mkdir(parents=True, exist_ok=True)
     json_path, log_path = logs / f"{label}.json", logs / f"{label}.log"
@@ -47,7 +52,7 @@ def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: 
     seed = seed if seed is not None else int(os.environ.get(SEED_ENV) or random.randrange(2**31))
     command = [*(wrapper or []), python, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "-rN",
                f"--course-json={json_path}", "--tb=short", *(pytest_args or [])]
-    environment = dict(os.environ, **{impl_env: impl, SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"})
+    environment = dict(os.environ, **{impl_env: impl, SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"}, **(extra_env or {}))
     print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
     started = time.perf_counter()
     hung = False
@@ -107,7 +112,7 @@ def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str,
             wrapper += ["--racecheck-report", "hazard"]
         result = run_pytest(python, root, logs, [test_file], impl=impl, impl_env=impl_env, label=label,
                             lab_number=lab_number, verbose=False, deadline_s=deadline_s,
-                            pytest_args=SANITIZE_SELECTION, wrapper=wrapper)
+                            pytest_args=SANITIZE_SELECTION, wrapper=wrapper, extra_env=SANITIZE_ENV)
         log_text = Path(result["log"]).read_text(errors="replace")
         counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
         summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
