@@ -21,7 +21,9 @@ SEED_ENV = "COURSE_SEED"
 PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a laptop
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
-SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook"]
+# Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
+# inside a graph capture, so that test would fail for a reason unrelated to the kernel.
+SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook and not current_stream"]
 # PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
 # just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
 # caching every tensor is its own allocation, and memcheck catches an access one element out.
