@@ -118,9 +118,11 @@ def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str,
         log_text = Path(result["log"]).read_text(errors="replace")
         counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
         summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
-        findings = [line.strip() for line in log_text.splitlines() if line.startswith("========= ") and
-                    ("Invalid" in line or "Race" in line or "Uninitialized" in line or "Barrier" in line or "Error" in line)
-                    and "ERROR SUMMARY" not in line]
+        # The headline of each report: "========= Invalid __global__ write of size 4 bytes", not its
+        # indented detail lines (thread, address, host frames); each distinct headline once.
+        findings = list(dict.fromkeys(
+            line.strip() for line in log_text.splitlines()
+            if re.match(r"========= \S", line) and "SUMMARY" not in line))
         tests = result.get("tests", [])
         rows.append({"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
                      "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10], "summaries": summaries[:4],
