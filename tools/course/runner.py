@@ -122,7 +122,7 @@ def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str,
         # indented detail lines (thread, address, host frames); each distinct headline once.
         findings = list(dict.fromkeys(
             line.strip() for line in log_text.splitlines()
-            if re.match(r"========= \S", line) and "SUMMARY" not in line))
+            if re.match(r"========= \S", line) and "SUMMARY" not in line and "COMPUTE-SANITIZER" not in line))
         tests = result.get("tests", [])
         rows.append({"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
                      "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10], "summaries": summaries[:4],
