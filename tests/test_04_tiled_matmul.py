@@ -290,13 +290,8 @@ def test_perf(number, student_bar, target):
 
 
 # ---------------------------------------------------------------- the notebook
-def test_notebook_is_clean():
-    notebooks.validate(LAB.lab, LAB.tree)
-
-
-@requires_gpu
-def test_notebook_runs():
-    notebooks.execute(LAB.lab, LAB.tree)
+# The notebook is clean (no outputs, valid cells) everywhere, and runs top to bottom on a GPU.
+test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
 
 
 # ---------------------------------------------------------------- known-wrong variants the grader must fail

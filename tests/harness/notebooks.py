@@ -62,3 +62,17 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
     except nbclient.exceptions.CellExecutionError as error:
         raise AssertionError(f"{path.name} failed while executing:\n{str(error)[-3000:]}"
                              + check.todo_note(lab, tree)) from None
+
+
+def tests_for(handle):
+    """The two notebook tests of a lab's grader: `test_a, test_b = notebooks.tests_for(LAB)`."""
+    from . import requires_gpu  # the package is fully imported by the time a grader calls this
+
+    def test_notebook_is_clean():
+        validate(handle.lab, handle.tree)
+
+    @requires_gpu
+    def test_notebook_runs():
+        execute(handle.lab, handle.tree)
+
+    return test_notebook_is_clean, test_notebook_runs
