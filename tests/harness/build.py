@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from . import trees
 
 _built: dict[tuple[str, str], object] = {}
-last_build_seconds: dict[tuple[str, str], float] = {}
 
 CXX_FLAGS = ["-O3", "-std=c++17"]
 # -lineinfo maps SASS back to source lines for Nsight Compute and compute-sanitizer at no speed cost.
@@ -54,7 +52,6 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
         raise FileNotFoundError(f"{lab.dir_in(tree)} has no .cu or .cpp files to build")
     build_dir = lab.build_dir(tree)
     build_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     try:
         module = _load(load, lab, tree, sources, build_dir, verbose, extra_cuda_cflags)
     except ImportError as error:
@@ -64,7 +61,6 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
         if result.returncode != 0:
             raise RuntimeError(f"Error building extension:\n{result.stdout}{result.stderr}") from None
         raise error
-    last_build_seconds[key] = time.perf_counter() - started
     _built[key] = module
     return module
 
@@ -79,13 +75,3 @@ def _load(load, lab, tree, sources, build_dir, verbose, extra_cuda_cflags):
         build_directory=str(build_dir),
         verbose=verbose,
     )
-
-
-def stale_lock(lab: trees.Lab, tree: trees.Tree) -> Path | None:
-    """A `lock` file left in the build dir by a compile that was killed, if any."""
-    lock = lab.build_dir(tree) / "lock"
-    return lock if lock.exists() else None
-
-
-def source_lines(path: Path) -> list[str]:
-    return path.read_text(errors="replace").splitlines()

@@ -86,7 +86,3 @@ def python_for(group: str, extra_groups: tuple[str, ...] = ()) -> str:
         )
         stamp.touch()
     return python
-
-
-def missing_optional(python: str, group: str) -> list[str]:
-    return [m for m in GROUP_MODULES[group] if not _has_modules(python, (m,))]
