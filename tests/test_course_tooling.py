@@ -150,3 +150,14 @@ def test_skeleton_builds_and_fails_naming_its_todos(lab, tmp_path):
         "every failure of an untouched skeleton must name the TODO it needs; these do not:\n"
         + "\n".join(f"{t['name']}: {t['message'][:300]}" for t in failed if "TODO(" not in t["message"])
     )
+
+
+def test_notebooks_clone_the_repository_the_site_names():
+    """Colab runs a notebook alone, so each one names the repository it clones: it must be the
+    one mkdocs.yml's repo_url names (the site's links and "Open in Colab" buttons use that)."""
+    repo_url = re.search(r"^repo_url:\s*(\S+)", (trees.ROOT / "mkdocs.yml").read_text(), re.MULTILINE).group(1)
+    for lab in trees.all_labs():
+        for tree in ("solutions", "labs"):
+            notebook = lab.dir_in(trees.resolve_tree(tree)) / f"{lab.name}.ipynb"
+            assert f'"{repo_url}"' in notebook.read_text().replace('\\"', '"'), (
+                f"{notebook.relative_to(trees.ROOT)} does not clone {repo_url} (mkdocs.yml repo_url)")
