@@ -4,6 +4,8 @@ Home page (lessons/index.md): `<!-- syllabus -->` becomes the syllabus table, bu
 site/data/syllabus.yml, with each lesson's status read off the repository:
 
   ready        lessons/NN-slug.md and labs/NN-slug/ both exist
+  below target ready, but the committed GPU results (site/data/bench/NN-slug.json) show a case of
+               the reference solution below its target
   in progress  one of them, solutions/NN-slug/, or a nav entry for NN-*.md exists
   planned      none of those
 
@@ -19,6 +21,7 @@ Lesson pages (lessons/NN-slug.md):
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -35,7 +38,8 @@ TASK_ID = re.compile(r"TODO\((lab\d\d\.\d+)\)")
 OBJECTIVES = re.compile(r'^!!! abstract( "[^"\n]*")?[ \t]*\n', re.MULTILINE)
 EXERCISES = re.compile(r"^##\s+(?:\d+\.\s*)?Exercises\b", re.MULTILINE)
 SYLLABUS_MARKER = re.compile(r"^<!--\s*syllabus\s*-->[ \t]*$", re.MULTILINE)
-STATUS_LABEL = {"ready": "ready", "in-progress": "being written", "planned": "planned"}
+STATUS_LABEL = {"ready": "ready", "below-target": "ready, below its speed target", "in-progress": "being written",
+                "planned": "planned"}
 
 
 # ------------------------------------------------------------------ the repository
@@ -64,7 +68,9 @@ def lesson_status(number: str, nav_pages: list[str]) -> tuple[str, str | None]:
     lab = _one(ROOT / "labs", number)
     solution = _one(ROOT / "solutions", number)
     if page and lab and lab.is_dir():
-        return "ready", page.name
+        bench = ROOT / "site" / "data" / "bench" / f"{lab.name}.json"
+        cases = json.loads(bench.read_text())["cases"] if bench.exists() else []
+        return ("below-target" if any(c["ratio"] < c["target"] for c in cases) else "ready"), page.name
     in_nav = any(re.match(rf"^{number}-[a-z0-9-]+\.md$", p) for p in nav_pages)
     if page or lab or solution or in_nav:
         return "in-progress", page.name if page else None
