@@ -5,14 +5,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness import HAS_GPU, NO_GPU_REASON, trees
+from harness import HAS_GPU, NO_GPU_REASON, mutants, trees
 
 sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import doctor  # noqa: E402
@@ -24,13 +23,8 @@ LAB = trees.find_lab("00")
 
 def planted(root: Path, student: str, source_tree: str = "solutions", edits: dict | None = None) -> Path:
     """A submission folder: lab 00 copied from a tree, with text edits planted in its files."""
-    folder = root / student / LAB.name
-    shutil.copytree(LAB.dir_in(trees.resolve_tree(source_tree)), folder)
-    for name, (old, new) in (edits or {}).items():
-        text = (folder / name).read_text()
-        assert text.count(old) == 1, f"{old!r} must occur once in {name}"
-        (folder / name).write_text(text.replace(old, new))
-    return root / student
+    return mutants.plant(LAB, root / student, [(name, old, new) for name, (old, new) in (edits or {}).items()],
+                         source=source_tree)
 
 
 def tree_digest(folder: Path) -> str:

@@ -31,25 +31,32 @@ class Mutant:
     perf: bool = False  # True when only a perf test can catch it (a slow, correct variant)
 
 
+def plant(lab: trees.Lab, root: trees.Path, edits: list[tuple[str, str, str]], source: str = "solutions") -> trees.Path:
+    """A submission folder `root` (laid out like labs/) holding `lab` copied from the `source`
+    tree, with each (file, old, new) edit applied; `old` must occur exactly once in its file."""
+    folder = root / lab.name
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(lab.dir_in(trees.resolve_tree(source)), folder)
+    for file, old, new in edits:
+        target = folder / file
+        text = target.read_text()
+        count = text.count(old)
+        if count != 1:
+            raise AssertionError(f"{root.name}: {old!r} occurs {count} times in {file}, not once")
+        target.write_text(text.replace(old, new))
+    return root
+
+
 def make_tree(lab: trees.Lab, mutant: Mutant) -> trees.Path:
     """A submission folder holding the solution with the bug planted."""
-    root = trees.BUILD / "mutants" / lab.name / mutant.name
-    folder = root / lab.name
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.copytree(lab.dir_in(trees.resolve_tree("solutions")), folder)
-    target = folder / mutant.file
-    text = target.read_text()
-    count = text.count(mutant.old)
-    if count != 1:
-        raise AssertionError(f"mutant {mutant.name}: {mutant.old!r} occurs {count} times in {mutant.file}, not once")
-    target.write_text(text.replace(mutant.old, mutant.new))
-    return root
+    return plant(lab, trees.BUILD / "mutants" / lab.name / mutant.name, [(mutant.file, mutant.old, mutant.new)])
 
 
 def grade(lab: trees.Lab, mutant: Mutant, timeout_s: int = 900) -> list[dict]:
     """Grade the mutant in its own process; return its failed tests."""
     root = make_tree(lab, mutant)
     report = root / "result.json"
+    report.unlink(missing_ok=True)  # a report left by an earlier run must not stand in for this one
     command = [sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
                "-k", mutant.tests, f"--course-json={report}", "-m", "perf" if mutant.perf else "not perf"]
     env = dict(os.environ, **{trees.IMPL_ENV: str(root)})

@@ -16,20 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import trees  # noqa: E402
-
-
-def make_variant(lab, name: str, edits: list[tuple[str, str, str]]) -> Path:
-    import shutil
-
-    root = trees.BUILD / "variants" / lab.name / name
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.copytree(lab.dir_in(trees.resolve_tree("solutions")), root / lab.name)
-    for file, old, new in edits:
-        path = root / lab.name / file
-        text = path.read_text()
-        assert text.count(old) == 1, f"{name}: {old!r} occurs {text.count(old)} times in {file}"
-        path.write_text(text.replace(old, new))
-    return root
+from harness.mutants import plant  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +31,7 @@ def main() -> None:
         for edit in rest.split("|") if rest != "::" else []:
             file, old, new = edit.split(":", 2)
             edits.append((file, old.replace("\\n", "\n"), new.replace("\\n", "\n")))
-        tree = make_variant(lab, name, edits)
+        tree = plant(lab, trees.BUILD / "variants" / lab.name / name, edits)
         out = tree / "bench.json"
         run = subprocess.run([str(ROOT / "course"), "bench", lab.number, "--impl", str(tree), "--json", str(out)],
                              cwd=ROOT, capture_output=True, text=True)
