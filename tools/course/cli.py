@@ -69,7 +69,7 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
             rows = runner.sanitize(python, ROOT, trees.BUILD / "logs", lab.test_file, impl=impl,
                                    impl_env=trees.IMPL_ENV, lab_number=lab.number)
             results[-1]["sanitizer"] = rows
-            dirty = [r["tool"] for r in rows if r["errors"] or r["process_error"] or not r["ran"]]
+            dirty = [r["tool"] for r in rows if not runner.is_clean(r)]
             if dirty:
                 results[-1]["error"] = (f"compute-sanitizer found problems with {', '.join(dirty)}: "
                                         f"run ./course sanitize {lab.number} --impl {impl} for the findings")
@@ -101,12 +101,11 @@ def _grade_submissions(args) -> int:
         print(f"grade --all: {folder} holds no submission folders")
         return 2
     rows, everything = [], {}
+    python = env.python_for("test")
     for submission in submissions:
-        args_one = argparse.Namespace(**{**vars(args), "json": None})
         labs = [lab for lab in _labs_for(args.labs) if (submission / lab.name).is_dir()]
-        python = env.python_for("test")
         results = [run_lab_tests(python, [lab.test_file], str(submission), f"{submission.name}-{lab.name}",
-                                 verbose=args_one.verbose, lab_number=lab.number, deadline_s=args.deadline, seed=args.seed)
+                                 verbose=args.verbose, lab_number=lab.number, deadline_s=args.deadline, seed=args.seed)
                    for lab in labs if lab.test_file.exists()]
         everything[submission.name] = results
         for result in results:
@@ -182,7 +181,7 @@ def cmd_sanitize(args) -> int:
     report.print_sanitizer(lab.name, args.impl, rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"lab": lab.name, "impl": args.impl, "tools": rows}, indent=1) + "\n")
-    return 0 if all(r["ran"] and not r["errors"] and not r["process_error"] for r in rows) else 1
+    return 0 if all(runner.is_clean(r) for r in rows) else 1
 
 
 def cmd_labs(args) -> int:

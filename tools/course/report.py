@@ -5,6 +5,8 @@ import csv
 import sys
 from pathlib import Path
 
+import runner
+
 _COLOUR = sys.stdout.isatty()
 # The line tests/harness/check.py puts before the TODOs a failure needs.
 UNFINISHED = "  unfinished: this check needs these TODOs done:"
@@ -106,7 +108,7 @@ def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
         if row["process_error"] and not row["ran"]:
             status = _tag("ERROR")
         else:
-            status = _tag("PASS") if row["ran"] and not row["errors"] else _tag("FAIL")
+            status = _tag("PASS") if runner.is_clean(row) else _tag("FAIL")
         print(f"  {status} {row['tool']:<10} {row['errors']} error(s) over {row['tests']} test(s) in {row['seconds']:.0f} s")
         for line in row["findings"]:
             print(f"       {line}")

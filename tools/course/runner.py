@@ -103,6 +103,11 @@ def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: 
 _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
 
 
+def is_clean(row: dict) -> bool:
+    """A sanitizer row is clean when the tool ran to its summary and reported nothing."""
+    return row["ran"] and not row["errors"] and not row["process_error"]
+
+
 def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str, impl_env: str, lab_number: str,
              tools: tuple[str, ...] = SANITIZER_TOOLS, deadline_s: int = 1800) -> list[dict]:
     """Each compute-sanitizer tool over the lab's correctness cases; one row per tool."""
