@@ -13,6 +13,7 @@ wrong column, a missing k-slice) misses by far more.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -65,7 +66,7 @@ def skip_without_bf16(dtype):
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
     for name in ("linear_act", "tile_config", "accumulator_position", "ldmatrix_a_source", "ldmatrix_b_source",
-                 "swizzled_chunk"):
+                 "swizzled_chunk", "linear_act_wgmma", "wgmma_available"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
 
 
@@ -259,6 +260,71 @@ def test_bf16_refused_before_sm80():
                               case="linear_act(bfloat16 on a GPU without bf16 tensor cores)")
 
 
+# ---------------------------------------------------------------- GPU, Hopper: the reference's wgmma path
+# linear_act_wgmma.cu is given, not a task (lesson section 10); these check it where it runs.
+# Shapes: SHAPES, plus more output tiles (128 x 256) than an H100 has SMs, so each persistent
+# block walks several tiles, with partial tiles in M, N and K (72 = one k-slice of 64 + 8).
+WGMMA_SHAPES = SHAPES + [(4100, 2056, 72), (384, 512, 4096)]
+WGMMA_TILE = (128, 256)
+WGMMA_HINT = "linear_act_wgmma.cu is the given Hopper kernel, not a lab task: report this failure"
+
+
+def skip_without_wgmma():
+    if not LAB.module.wgmma_available():
+        pytest.skip("the wgmma path needs a compute capability 9.0 GPU (H100, H200) and a build for sm_90a "
+                    f"(TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', 'unset')}); linear_act runs here")
+
+
+@requires_gpu
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=shape_id)
+def test_wgmma_linear_act(shape, dtype, activation):
+    skip_without_wgmma()
+    m, n, k = shape
+    x, weight, bias = make_inputs(m, n, k, dtype)
+    poison_allocator(m * n, dtype)
+    out = LAB.module.linear_act_wgmma(x, weight, bias, activation)
+    torch.cuda.synchronize()
+    LAB.assert_close(out, reference(x, weight, bias, activation), tol=tol(dtype, k), tile=WGMMA_TILE,
+                     case=f"linear_act_wgmma M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}",
+                     hint=WGMMA_HINT)
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape", [(17, 40, 24), (130, 264, 64), (4100, 2056, 72)], ids=shape_id)
+def test_wgmma_edge_tiles_stay_inside(shape):
+    skip_without_wgmma()
+    m, n, k = shape
+    x, weight, bias = make_inputs(m, n, k, BF16)
+    buffer = poisoned((m + WGMMA_TILE[0], n), BF16)
+    LAB.module.linear_act_wgmma(x, weight, bias, "gelu", out=buffer[:m])
+    torch.cuda.synchronize()
+    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(BF16, k), tile=WGMMA_TILE,
+                     case=f"linear_act_wgmma M={m} N={n} K={k} into out = buffer[:{m}]", hint=WGMMA_HINT)
+    assert buffer[m:].isnan().all(), f"linear_act_wgmma M={m} N={n} K={k} wrote rows past M"
+
+
+@requires_gpu
+def test_wgmma_zero_k_and_batched():
+    skip_without_wgmma()
+    x, weight, bias = make_inputs(5, 16, 0, BF16)
+    out = LAB.module.linear_act_wgmma(x, weight, bias, "gelu")
+    LAB.assert_close(out, reference(x, weight, bias, "gelu"), tol=tol(BF16, 1), case="linear_act_wgmma K = 0: act(bias)")
+    x, weight, bias = make_inputs(7, 48, 40, BF16, (2, 5))
+    out = LAB.module.linear_act_wgmma(x, weight, bias, "relu")
+    LAB.assert_close(out, reference(x, weight, bias, "relu"), tol=tol(BF16, 40), case="linear_act_wgmma x [2, 5, 7, 40]")
+
+
+@requires_gpu
+def test_wgmma_refused_clearly_elsewhere():
+    if LAB.module.wgmma_available():
+        pytest.skip("this GPU and build have the wgmma path; the refusal applies elsewhere")
+    x, weight, bias = make_inputs(16, 16, 16, FP16)
+    LAB.assert_raises_clearly(lambda: LAB.module.linear_act_wgmma(x, weight, bias),
+                              must_mention=("sm_90a", "linear_act"), case="linear_act_wgmma without wgmma")
+
+
 # ---------------------------------------------------------------- GPU: speed
 # 4096^3: 2 * 4096^3 = 137 GFLOP against 3 * 32 MB of operands: compute-bound by a factor of ~100.
 PERF_M = PERF_N = PERF_K = 4096
@@ -270,10 +336,12 @@ def _perf_inputs():
     return make_inputs(PERF_M, PERF_N, PERF_K, BF16)
 
 
-def _verify(last, x, weight, bias):
+def _verify(last, x, weight, bias, op="linear_act"):
+    tasks, tile = (ALL_TASKS, TILE) if op == "linear_act" else ((), WGMMA_TILE)
+
     def verify():
-        LAB.assert_close(last["out"], reference(x, weight, bias, "gelu"), tol=tol(BF16, PERF_K), tasks=ALL_TASKS,
-                         tile=TILE, case="linear_act 4096^3 bf16 gelu: the output of the timed calls")
+        LAB.assert_close(last["out"], reference(x, weight, bias, "gelu"), tol=tol(BF16, PERF_K), tasks=tasks,
+                         tile=tile, case=f"{op} 4096^3 bf16 gelu: the output of the timed calls")
     return verify
 
 
@@ -308,6 +376,36 @@ def test_perf_vs_unfused():
              baseline=lambda: F.gelu(torch.addmm(bias, x, weight.t()), approximate="tanh"),
              baseline_name="gelu(addmm)", flops=PERF_FLOPS, student_bar=0.33, target=0.55,
              verify=_verify(last, x, weight, bias))
+
+
+# The Hopper path against both unfused baselines: cuBLAS's GEMM with the bias fused (addmm) then
+# GELU, and the GEMM, then the bias add, then GELU (three launches). Given code, so the same bar
+# for everyone: faster than either (lesson section 10).
+def _unfused_three_ops(x, weight, bias):
+    return F.gelu(torch.matmul(x, weight.t()) + bias, approximate="tanh")
+
+
+@requires_gpu
+@pytest.mark.perf
+@pytest.mark.parametrize("baseline_name", ["torch.matmul (cuBLAS)", "gelu(addmm)", "gelu(matmul + bias)"])
+def test_perf_wgmma(baseline_name):
+    skip_without_wgmma()
+    x, weight, bias = _perf_inputs()
+    last = {}
+
+    def ours():
+        last["out"] = LAB.module.linear_act_wgmma(x, weight, bias, "gelu")
+
+    baselines = {
+        "torch.matmul (cuBLAS)": (lambda: torch.matmul(x, weight.t()), "the GEMM alone", 0.85),
+        "gelu(addmm)": (lambda: F.gelu(torch.addmm(bias, x, weight.t()), approximate="tanh"),
+                        "cuBLAS + separate GELU", 1.0),
+        "gelu(matmul + bias)": (lambda: _unfused_three_ops(x, weight, bias), "cuBLAS + separate bias and GELU", 1.0),
+    }
+    baseline, versus, bar = baselines[baseline_name]
+    LAB.perf(name=f"wgmma linear+bias+GELU 4096^3 bf16 vs {versus}", ours=ours, baseline=baseline,
+             baseline_name=baseline_name, flops=PERF_FLOPS, student_bar=bar, target=bar,
+             verify=_verify(last, x, weight, bias, "linear_act_wgmma"))
 
 
 # ---------------------------------------------------------------- the notebook

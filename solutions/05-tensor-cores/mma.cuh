@@ -84,6 +84,20 @@ __host__ __device__ inline int swizzled_chunk(int row, int chunk) {
 }
 // --8<-- [end:swizzle]
 
+// Blocks that share a row of x tiles should run together: groups of `group_rows` tile-rows sweep
+// the tile-columns, so the x tiles of a group and the weight tiles they meet stay in L2
+// (Triton's "grouped ordering"). Maps a linear tile index to its (tile-row, tile-column).
+struct TileIndex {
+  int64_t row, col;
+};
+__host__ __device__ inline TileIndex grouped_tile(int64_t index, int64_t tiles_m, int64_t tiles_n, int group_rows) {
+  const int64_t per_group = group_rows * tiles_n;
+  const int64_t group = index / per_group, in_group = index % per_group;
+  const int64_t first_row = group * group_rows;
+  const int64_t rows = tiles_m - first_row < group_rows ? tiles_m - first_row : group_rows;
+  return {first_row + in_group % rows, in_group / rows};
+}
+
 // ---------------------------------------------------------------- PTX wrappers
 __device__ inline uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));

@@ -18,6 +18,12 @@ constexpr int kShapeMultiple = 8;
 void launch_linear_act(ElementType type, const void* x, const void* weight, const void* bias, void* out, int64_t M,
                        int64_t N, int64_t K, Activation activation, cudaStream_t stream);
 
+// The same product on Hopper's own path (TMA + wgmma, linear_act_wgmma.cu), same contract.
+// Throws unless wgmma_available(): a compute capability 9.0 GPU and a build for sm_90a.
+void launch_linear_act_wgmma(ElementType type, const void* x, const void* weight, const void* bias, void* out,
+                             int64_t M, int64_t N, int64_t K, Activation activation, cudaStream_t stream);
+bool wgmma_available();
+
 // The block tile and the shared memory one block uses on a GPU of this compute capability.
 struct TileConfig {
   int block_m, block_n, block_k, stages, threads, shared_bytes;

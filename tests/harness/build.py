@@ -20,13 +20,14 @@ NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 
 
 def default_arch_list() -> str:
-    """The GPU present (so nvcc compiles one target, fast), else sm_90 as a compile check."""
+    """The GPU present (so nvcc compiles one target, fast), else sm_90a as a compile check.
+    Compute capability 9.0 builds for 9.0a, the target that has Hopper's wgmma (lab 05)."""
     import torch
 
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        return f"{major}.{minor}"
-    return "9.0"
+        return "9.0a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+    return "9.0a"
 
 
 def ensure_arch_list() -> str:
