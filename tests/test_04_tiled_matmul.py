@@ -107,10 +107,17 @@ def test_refuses_unknown_kernel(kernel):
 
 
 # ---------------------------------------------------------------- GPU: correctness
-def _check(c, a, b, rung, case):
-    K = a.shape[1]
-    LAB.assert_close(c, a.double() @ b.double(), case=case, tol=tolerance(FP32, K), tasks=rung.tasks, tile=rung.tile,
-                     hint=rung.hint)
+def _run_and_check(rung, a, b, inputs="", hint=None, expected=None):
+    """Run the rung's kernel on a @ b and compare C with the float64 product (or `expected`).
+
+    `inputs` is appended to the case line ("kernel 5 (...), M=.. N=.. K=..") to say what is special about a and b;
+    `hint` replaces the rung's own hint."""
+    (M, K), N = a.shape, b.shape[1]
+    c = LAB.module.matmul(a, b, rung.number)
+    torch.cuda.synchronize()
+    LAB.assert_close(c, a.double() @ b.double() if expected is None else expected,
+                     case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}{inputs}", tol=tolerance(FP32, K),
+                     tasks=rung.tasks, tile=rung.tile, hint=rung.hint if hint is None else hint)
 
 
 @requires_gpu
@@ -120,9 +127,7 @@ def test_matmul(rung, shape):
     M, N, K = shape
     a, b = random_tensor((M, K), FP32), random_tensor((K, N), FP32)
     poison_allocator(M * N, FP32)
-    c = LAB.module.matmul(a, b, rung.number)
-    torch.cuda.synchronize()
-    _check(c, a, b, rung, f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}")
+    _run_and_check(rung, a, b)
 
 
 @requires_gpu
@@ -134,13 +139,10 @@ def test_matmul_many_tiles_of_k(rung):
     expected = a.double() @ b.double()
     for attempt in range(3):
         poison_allocator(M * N, FP32)
-        c = LAB.module.matmul(a, b, rung.number)
-        torch.cuda.synchronize()
-        LAB.assert_close(c, expected, case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}, call {attempt + 1}",
-                         tol=tolerance(FP32, K), tasks=rung.tasks, tile=rung.tile,
-                         hint="right on some calls and wrong on others, or wrong in scattered tiles, is a race: every "
-                              "tile load needs a __syncthreads() before the products read it, and another after them "
-                              "before the next load overwrites it")
+        _run_and_check(rung, a, b, f", call {attempt + 1}", expected=expected,
+                       hint="right on some calls and wrong on others, or wrong in scattered tiles, is a race: every "
+                            "tile load needs a __syncthreads() before the products read it, and another after them "
+                            "before the next load overwrites it")
 
 
 def _in_nan_band(rows, cols, band):
@@ -161,13 +163,10 @@ def test_matmul_guard_bands(rung, shape):
     M, N, K = shape
     band = 4 * 32 * max(M, N, K)  # past any tile's overhang
     a, b = _in_nan_band(M, K, band), _in_nan_band(K, N, band)
-    c = LAB.module.matmul(a, b, rung.number)
-    torch.cuda.synchronize()
-    LAB.assert_close(c, a.double() @ b.double(), case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}, "
-                     "A and B surrounded by NaN", tol=tolerance(FP32, K), tasks=rung.tasks, tile=rung.tile,
-                     hint="NaN in C here means the kernel read outside A or B: an edge tile's loads must be guarded "
-                          "(rows past M, columns past N and k past K read as 0, never from memory); zero-filling A "
-                          "alone is not enough, since 0 * NaN = NaN")
+    _run_and_check(rung, a, b, ", A and B surrounded by NaN",
+                   hint="NaN in C here means the kernel read outside A or B: an edge tile's loads must be guarded "
+                        "(rows past M, columns past N and k past K read as 0, never from memory); zero-filling A "
+                        "alone is not enough, since 0 * NaN = NaN")
 
 
 @requires_gpu
@@ -177,9 +176,7 @@ def test_matmul_misaligned(rung):
     M, N, K = 64, 128, 96
     a = random_tensor((M * K + 1,), FP32)[1:].view(M, K)
     b = random_tensor((K * N + 3,), FP32)[3:].view(K, N)
-    c = LAB.module.matmul(a, b, rung.number)
-    torch.cuda.synchronize()
-    _check(c, a, b, rung, f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}, a = x[1:].view(...), b = y[3:].view(...)")
+    _run_and_check(rung, a, b, ", a = x[1:].view(...), b = y[3:].view(...)")
 
 
 @requires_gpu

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/05_blocktiling_2d.cu by `./course labs` [lab-hash 39271ea78aeb].
+// Lab skeleton generated from solutions/04-tiled-matmul/05_blocktiling_2d.cu by `./course labs` [lab-hash aabcf3e85415].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 5: 2D register blocking. Each thread computes an 8 x 8 square of outputs: per
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
   constexpr int kRowsPerPassA = kThreads / kBlockK, kRowsPerPassB = kThreads / kBlockN;
 
   float acc[kThreadM][kThreadN] = {};
-  // TODO(lab04.2): for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0 outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j] = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to C where row < M and col < N
+  // TODO(lab04.2): for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0 outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j] = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to C where row < M and col < N (store_tile<1> in tiled_matmul.h does that)
 }
 // --8<-- [end:blocktiling_2d]
 

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/06_vectorized.cu by `./course labs` [lab-hash 30582c09581a].
+// Lab skeleton generated from solutions/04-tiled-matmul/06_vectorized.cu by `./course labs` [lab-hash bbf0db41d69a].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 6: vectorized loads. Kernel 5's tiles, moved in 16-byte float4s: one float4 load
@@ -80,16 +80,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_vectorized(co
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < kThreadM; ++i) {
-    const int row = row0 + thread_row + i;
-#pragma unroll
-    for (int j = 0; j < kThreadN; j += kVector) {
-      const int col = col0 + thread_col + j;
-      if (row < M && col < N)
-        *reinterpret_cast<float4*>(&C[row * N + col]) = make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
-    }
-  }
+  store_tile<kVector>(C, acc, row0 + thread_row, col0 + thread_col, M, N);  // float4 stores, guarded per float4
 }
 // --8<-- [end:vectorized]
 

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/tiled_matmul.h by `./course labs` [lab-hash 3bd7b04d3a92].
+// Lab skeleton generated from solutions/04-tiled-matmul/tiled_matmul.h by `./course labs` [lab-hash 7248879bfa8b].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 04's kernel launchers: C = A @ B in fp32, row-major A [M, K], B [K, N], C [M, N].
@@ -29,3 +29,33 @@ void launch_sgemm_warptiling(const float* A, const float* B, float* C, int M, in
 // 16-byte-aligned float4: A, B and C are given by their addresses so that the grader can
 // ask about any alignment on a machine without a GPU.
 bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr_t b_address, uintptr_t c_address);
+
+#ifdef __CUDACC__  // device helpers for the kernel files; wrapper.cpp is compiled without them
+// --8<-- [start:store_tile]
+// Store one thread's register tile: C[row + i, col + j] = tile[i][j] for every element
+// inside the M x N matrix C, kVector floats per store. kVector = 1: plain float stores,
+// each guarded alone (any M, N). kVector = 4: float4 stores, guarded per float4, which is
+// exact only when can_vectorize() said yes (no float4 straddles C's edge, all aligned).
+template <int kVector, int kRows, int kCols>
+__device__ __forceinline__ void store_tile(float* __restrict__ C, const float (&tile)[kRows][kCols], int row,
+                                           int col, int M, int N) {
+  static_assert(kVector == 1 || kVector == 4, "plain float or float4 stores");
+  static_assert(kCols % kVector == 0, "each row of the tile is whole vectors");
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = row + i;
+#pragma unroll
+    for (int j = 0; j < kCols; j += kVector) {
+      const int c = col + j;
+      if (r < M && c < N) {
+        if constexpr (kVector == 4) {
+          *reinterpret_cast<float4*>(&C[r * N + c]) = make_float4(tile[i][j], tile[i][j + 1], tile[i][j + 2], tile[i][j + 3]);
+        } else {
+          C[r * N + c] = tile[i][j];
+        }
+      }
+    }
+  }
+}
+// --8<-- [end:store_tile]
+#endif  // __CUDACC__

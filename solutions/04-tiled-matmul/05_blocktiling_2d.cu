@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
   constexpr int kRowsPerPassA = kThreads / kBlockK, kRowsPerPassB = kThreads / kBlockN;
 
   float acc[kThreadM][kThreadN] = {};
-  // SOLUTION BEGIN lab04.2: for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0 outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j] = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to C where row < M and col < N
+  // SOLUTION BEGIN lab04.2: for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0 outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j] = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to C where row < M and col < N (store_tile<1> in tiled_matmul.h does that)
   float a_frag[kThreadM], b_frag[kThreadN];
   for (int k0 = 0; k0 < K; k0 += kBlockK) {
 #pragma unroll
@@ -76,15 +76,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < kThreadM; ++i) {
-    const int row = row0 + thread_row + i;
-#pragma unroll
-    for (int j = 0; j < kThreadN; ++j) {
-      const int col = col0 + thread_col + j;
-      if (row < M && col < N) C[row * N + col] = acc[i][j];
-    }
-  }
+  store_tile<1>(C, acc, row0 + thread_row, col0 + thread_col, M, N);  // guarded float stores
   // SOLUTION END
 }
 // --8<-- [end:blocktiling_2d]

@@ -85,16 +85,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_vectorized(co
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < kThreadM; ++i) {
-    const int row = row0 + thread_row + i;
-#pragma unroll
-    for (int j = 0; j < kThreadN; j += kVector) {
-      const int col = col0 + thread_col + j;
-      if (row < M && col < N)
-        *reinterpret_cast<float4*>(&C[row * N + col]) = make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
-    }
-  }
+  store_tile<kVector>(C, acc, row0 + thread_row, col0 + thread_col, M, N);  // float4 stores, guarded per float4
 }
 // --8<-- [end:vectorized]
 

@@ -72,7 +72,7 @@ def todo_note(lab: trees.Lab, tree: trees.Tree, tasks: tuple[str, ...] = ()) -> 
     if not todos:
         return ""
     lines = "\n".join(f"    {t}" for t in todos)
-    return f"\n  unfinished: this check needs these TODOs done:\n{lines}"
+    return f"\n{trees.UNFINISHED}\n{lines}"
 
 
 # ---------------------------------------------------------------- inputs and outputs

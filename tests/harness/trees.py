@@ -1,7 +1,8 @@
 """Where things live: the repository's trees, labs, and build folders.
 
-This is the only module that knows paths. It imports nothing outside the
-standard library, so the `./course` CLI can use it before torch is installed.
+This is the only module that knows paths, and it holds the few names that the
+`./course` CLI and the harness must agree on. It imports nothing outside the
+standard library, so the CLI can use it before torch is installed.
 
 A *tree* is a directory laid out like `labs/`: one folder per lab, named
 `NN-slug`. `labs` (the student skeletons) and `solutions` (the references) are
@@ -29,8 +30,13 @@ IMPL_ENV = "COURSE_IMPL"
 LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
 # Files of a lab that the JIT build compiles.
 SOURCE_SUFFIXES = (".cu", ".cpp")
+# CUDA and C++ sources and headers: their comments (and so their solution markers) start with //.
+CXX_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
 # Files that take part in lab generation (solution markers may appear in each).
-GENERATED_SUFFIXES = (".cu", ".cuh", ".cpp", ".h", ".py", ".ipynb")
+GENERATED_SUFFIXES = (*CXX_SUFFIXES, ".py", ".ipynb")
+# The line a failure message puts before the TODOs the check needs (harness.check writes
+# it, the CLI's report finds it to list each unfinished TODO once).
+UNFINISHED = "  unfinished: this check needs these TODOs done:"
 
 
 @dataclass(frozen=True)

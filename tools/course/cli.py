@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib.util
 import json
 import os
 import shutil
@@ -25,16 +24,7 @@ import report  # noqa: E402
 import runner  # noqa: E402
 
 
-def _load_trees():
-    # By file path: importing the tests.harness package would import torch.
-    spec = importlib.util.spec_from_file_location("course_trees", env.ROOT / "tests" / "harness" / "trees.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["course_trees"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-trees = _load_trees()
+trees = env.load_trees()
 ROOT = trees.ROOT
 DEFAULT_DEADLINE_S = 600  # per lab: a hung kernel is killed after this and reported as such
 

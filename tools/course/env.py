@@ -28,6 +28,18 @@ GROUP_MODULES = {
 }
 
 
+def load_trees():
+    """tests/harness/trees.py (paths, and the names the CLI shares with the harness), loaded
+    once by file path: importing the tests.harness package would import torch."""
+    module = sys.modules.get("course_trees")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("course_trees", ROOT / "tests" / "harness" / "trees.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["course_trees"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 def _has_modules(python: str, modules: tuple[str, ...]) -> bool:
     if python == sys.executable:
         return all(importlib.util.find_spec(m) is not None for m in modules)

@@ -25,7 +25,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-COMMENT = {".cu": "//", ".cuh": "//", ".cpp": "//", ".h": "//", ".py": "#"}
+import env
+
+# The line comment of each file type that may hold solution markers (.ipynb: per cell, as .py).
+COMMENT = {**dict.fromkeys(env.load_trees().CXX_SUFFIXES, "//"), ".py": "#"}
 BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>//|#)\s*SOLUTION BEGIN\s+(?P<task>lab\d\d\.\d+)\s*:\s*(?P<text>.*)$")
 STUB = re.compile(r"^\s*(//|#)\s*SOLUTION STUB\s*$")
 STUB_LINE = re.compile(r"^(?P<indent>\s*)(//|#) ?(?P<code>.*?)\n?$")
