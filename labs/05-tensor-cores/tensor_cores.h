@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/tensor_cores.h by `./course labs` [lab-hash 6af93a0fe657].
+// Lab skeleton generated from solutions/05-tensor-cores/tensor_cores.h by `./course labs` [lab-hash 4fd5d37939e2].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's launcher and host-side helpers: plain pointers, sizes and a stream, no torch
@@ -20,6 +20,12 @@ constexpr int kShapeMultiple = 8;
 // capability_major selects the data path: cp.async pipeline on 8+, plain loads on 7.5.
 void launch_linear_act(ElementType type, const void* x, const void* weight, const void* bias, void* out, int64_t M,
                        int64_t N, int64_t K, Activation activation, cudaStream_t stream);
+
+// The same product on Hopper's own path (TMA + wgmma, linear_act_wgmma.cu), same contract.
+// Throws unless wgmma_available(): a compute capability 9.0 GPU and a build for sm_90a.
+void launch_linear_act_wgmma(ElementType type, const void* x, const void* weight, const void* bias, void* out,
+                             int64_t M, int64_t N, int64_t K, Activation activation, cudaStream_t stream);
+bool wgmma_available();
 
 // The block tile and the shared memory one block uses on a GPU of this compute capability.
 struct TileConfig {

@@ -1,8 +1,9 @@
-// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash 7c0f12c88457].
+// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash aeabe34eb366].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's host wrapper: checks the shape contract, the dtypes and the GPU, then launches
-// the fused GEMM + bias + activation on the current stream. The only file with torch headers.
+// the fused GEMM + bias + activation on the current stream (the mma.sync kernel, or on Hopper
+// the wgmma one). The only file with torch headers.
 // Numbers go into error messages through std::to_string: streaming integers into TORCH_CHECK
 // crashed (SIGSEGV in c10::str) on the GPU box's g++ 13 build, like IntArrayRef in torch_op.h.
 #include <course/cuda.cuh>
@@ -15,60 +16,62 @@
 
 namespace {
 
-Activation parse_activation(const std::string& name) {
+Activation parse_activation(const char* op, const std::string& name) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "relu") return Activation::kRelu;
   if (name == "none") return Activation::kNone;
-  TORCH_CHECK(false, "linear_act: activation must be 'gelu' (tanh approximation), 'relu' or 'none', got '", name, "'");
+  TORCH_CHECK(false, op, ": activation must be 'gelu' (tanh approximation), 'relu' or 'none', got '", name, "'");
 }
 
 // cp.async and ldmatrix move 16-byte chunks: every row must start on a 16-byte boundary, which
 // K % 8 == 0 gives for rows after the first, and the data pointer gives for the first.
-void check_aligned(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "linear_act: ", name,
+void check_aligned(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
               " must start on a 16-byte boundary (tensor cores load 16-byte chunks), got ", course::describe(t),
               " with storage offset ", std::to_string(t.storage_offset()), "; pass ", name, ".clone()");
 }
 
-}  // namespace
+using Launcher = void (*)(ElementType, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
+                         Activation, cudaStream_t);
 
 // --8<-- [start:linear_act]
 // out[..., N] = act(x[..., K] @ weight[N, K]^T + bias[N]): torch.nn.functional.linear followed by
-// the activation, with weight laid out as nn.Linear stores it.
-at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                      const std::string& activation, const std::optional<at::Tensor>& out_arg) {
-  const Activation act = parse_activation(activation);
+// the activation, with weight laid out as nn.Linear stores it. `op` names the caller in errors.
+at::Tensor checked_linear_act(const char* op, Launcher launch, const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& bias, const std::string& activation,
+                              const std::optional<at::Tensor>& out_arg) {
+  const Activation act = parse_activation(op, activation);
   for (const auto& [t, name] : {std::pair{&x, "x"}, std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
-    course::check_cuda_tensor(*t, "linear_act", name);
+    course::check_cuda_tensor(*t, op, name);
   }
-  course::check_same_device(x, weight, "linear_act", "x", "weight");
-  course::check_same_device(x, bias, "linear_act", "x", "bias");
+  course::check_same_device(x, weight, op, "x", "weight");
+  course::check_same_device(x, bias, op, "x", "bias");
   const auto dtype = x.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
-              "linear_act: x must have dtype float16 or bfloat16 (the tensor cores' input types), got ",
+              op, ": x must have dtype float16 or bfloat16 (the tensor cores' input types), got ",
               course::describe(x), "; convert it with x.to(torch.bfloat16)");
-  course::check_dtype(weight, "linear_act", "weight", dtype);
-  course::check_dtype(bias, "linear_act", "bias", dtype);
+  course::check_dtype(weight, op, "weight", dtype);
+  course::check_dtype(bias, op, "bias", dtype);
   TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && bias.dim() == 1,
-              "linear_act: expected x [..., K], weight [N, K] (nn.Linear's layout) and bias [N], got x ",
+              op, ": expected x [..., K], weight [N, K] (nn.Linear's layout) and bias [N], got x ",
               course::describe(x), ", weight ", course::describe(weight), ", bias ", course::describe(bias));
   const int64_t K = x.size(-1), N = weight.size(0);
-  TORCH_CHECK(weight.size(1) == K && bias.size(0) == N, "linear_act: shape mismatch: x ", course::describe(x),
+  TORCH_CHECK(weight.size(1) == K && bias.size(0) == N, op, ": shape mismatch: x ", course::describe(x),
               ", weight ", course::describe(weight), ", bias ", course::describe(bias),
               "; weight must be [N, K] with K = x.size(-1), bias [N]");
-  TORCH_CHECK(K % kShapeMultiple == 0 && N % kShapeMultiple == 0, "linear_act: K and N must be multiples of ",
+  TORCH_CHECK(K % kShapeMultiple == 0 && N % kShapeMultiple == 0, op, ": K and N must be multiples of ",
               std::to_string(kShapeMultiple), " (16-byte rows for the tensor cores' loads), got K = ", std::to_string(K),
               ", N = ", std::to_string(N),
               "; pad them with torch.nn.functional.pad");
-  course::check_contiguous(x, "linear_act", "x");
-  course::check_contiguous(weight, "linear_act", "weight");
-  course::check_contiguous(bias, "linear_act", "bias");
-  check_aligned(x, "x");
-  check_aligned(weight, "weight");
+  course::check_contiguous(x, op, "x");
+  course::check_contiguous(weight, op, "weight");
+  course::check_contiguous(bias, op, "bias");
+  check_aligned(x, op, "x");
+  check_aligned(weight, op, "weight");
 
   const c10::cuda::CUDAGuard device_guard(x.device());
   const int major = course::device_attribute(cudaDevAttrComputeCapabilityMajor);
-  TORCH_CHECK(dtype != at::kBFloat16 || major >= 8, "linear_act: bfloat16 needs tensor cores of compute capability "
+  TORCH_CHECK(dtype != at::kBFloat16 || major >= 8, op, ": bfloat16 needs tensor cores of compute capability "
               "8.0 or newer (A100, H100, RTX 30xx+); this GPU is ", std::to_string(major), ".x: use float16 (x.half())");
 
   std::vector<int64_t> out_shape = x.sizes().vec();
@@ -76,28 +79,46 @@ at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const at::T
   at::Tensor out;
   if (out_arg.has_value()) {
     out = *out_arg;
-    course::check_cuda_tensor(out, "linear_act", "out");
-    course::check_same_device(x, out, "linear_act", "x", "out");
-    course::check_dtype(out, "linear_act", "out", dtype);
-    TORCH_CHECK(out.sizes().vec() == out_shape, "linear_act: out must have shape ", course::format_dims(out_shape),
+    course::check_cuda_tensor(out, op, "out");
+    course::check_same_device(x, out, op, "x", "out");
+    course::check_dtype(out, op, "out", dtype);
+    TORCH_CHECK(out.sizes().vec() == out_shape, op, ": out must have shape ", course::format_dims(out_shape),
                 ", got ", course::describe(out));
-    course::check_contiguous(out, "linear_act", "out");
-    check_aligned(out, "out");
+    course::check_contiguous(out, op, "out");
+    check_aligned(out, op, "out");
   } else {
     out = at::empty(out_shape, x.options());
   }
   const int64_t M = N ? out.numel() / N : 0;
-  launch_linear_act(dtype == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16, x.const_data_ptr(),
-                    weight.const_data_ptr(), bias.const_data_ptr(), out.mutable_data_ptr(), M, N, K, act,
-                    course::current_stream());
+  launch(dtype == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16, x.const_data_ptr(),
+         weight.const_data_ptr(), bias.const_data_ptr(), out.mutable_data_ptr(), M, N, K, act,
+         course::current_stream());
   return out;
 }
 // --8<-- [end:linear_act]
+
+}  // namespace
+
+at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      const std::string& activation, const std::optional<at::Tensor>& out) {
+  return checked_linear_act("linear_act", launch_linear_act, x, weight, bias, activation, out);
+}
+
+at::Tensor linear_act_wgmma(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            const std::string& activation, const std::optional<at::Tensor>& out) {
+  return checked_linear_act("linear_act_wgmma", launch_linear_act_wgmma, x, weight, bias, activation, out);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_act", &linear_act, "act(x @ weight^T + bias) on tensor cores", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("activation") = "gelu",
         pybind11::arg("out") = pybind11::none());
+  m.def("linear_act_wgmma", &linear_act_wgmma,
+        "linear_act on Hopper's TMA + wgmma path (reference only; needs wgmma_available())", pybind11::arg("x"),
+        pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("activation") = "gelu",
+        pybind11::arg("out") = pybind11::none());
+  m.def("wgmma_available", [] { return wgmma_available(); },
+        "True on a compute capability 9.0 GPU when this build includes sm_90a (TORCH_CUDA_ARCH_LIST=9.0a)");
   m.def(
       "tile_config",
       [](int capability_major) {

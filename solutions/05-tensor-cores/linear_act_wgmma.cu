@@ -6,6 +6,8 @@
 //    mbarriers hand each stage of the ring from one side to the other.
 //  - Persistent: one block per SM walks the output tiles, so the copies of the next tile start
 //    while the consumers are still writing the last one.
+//  - The epilogue rounds into shared memory and TMA writes it out, asynchronously: the
+//    consumers go back to multiplying while the results stream to global memory.
 // Built only by nvcc's sm_90a pass (TORCH_CUDA_ARCH_LIST=9.0a); wgmma_available() says whether
 // this process has it. The epilogue is the mma.sync kernel's: bias, activate(), one rounding.
 #include <course/cuda.cuh>
@@ -48,7 +50,16 @@ constexpr int kStageBytes = kTileABytes + kTileBBytes;
 constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;
 static_assert(kTileABytes % kSwizzleAtomBytes == 0 && kTileBBytes % kSwizzleAtomBytes == 0, "tiles stay aligned");
 constexpr int kBarrierBytes = 2 * kStagesHopper * 8;  // a "full" and an "empty" mbarrier per stage
-constexpr int kSharedBytesHopper = kSwizzleAtomBytes + kStagesHopper * kStageBytes + kBarrierBytes;
+// Epilogue staging: a consumer's 64 x 256 results leave in two passes of 128 columns, each two
+// TMA boxes of 64 x 64 (128-byte rows, swizzled like the input tiles, so the 8 rows a warp
+// writes at once land in 8 different bank groups). Whole 64 x 256 buffers would not fit next to
+// 4 stages; halves do: 16 KB per consumer.
+constexpr int kStoreBoxCols = kSwizzleBytes / kElementBytes, kStoreBoxRows = kWgmmaM;  // 64 x 64
+constexpr int kStoreBoxBytes = kStoreBoxCols * kStoreBoxRows * kElementBytes;
+constexpr int kStorePasses = 2, kStoreBoxesPerPass = kWgmmaN / kStoreBoxCols / kStorePasses;
+constexpr int kStagingBytes = kStoreBoxesPerPass * kStoreBoxBytes;
+constexpr int kSharedBytesHopper =
+    kSwizzleAtomBytes + kStagesHopper * kStageBytes + kConsumers * kStagingBytes + kBarrierBytes;
 static_assert(kSharedBytesHopper <= 227 * 1024, "H100/H200: 227 KB of shared memory per block");
 constexpr int kAccumulatorsPerThread = kWgmmaM * kWgmmaN / kWarpgroupThreads;
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
@@ -71,15 +82,16 @@ __device__ int built_with_wgmma =
 template <typename T>
 __global__ void __launch_bounds__(kThreadsHopper, 1)
     linear_act_wgmma_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap weight_map,
-                            const T* __restrict__ bias, T* __restrict__ out, int64_t M, int64_t N, int64_t K,
-                            Activation activation) {
+                            const __grid_constant__ CUtensorMap out_map, const T* __restrict__ bias, int64_t M,
+                            int64_t N, int64_t K, Activation activation) {
 #ifdef COURSE_WGMMA
   extern __shared__ uint8_t shared_raw[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAtomBytes - 1) &
                          ~static_cast<uintptr_t>(kSwizzleAtomBytes - 1);
   uint8_t* const tiles_a = reinterpret_cast<uint8_t*>(base);          // [stage][128 rows][64 k]
   uint8_t* const tiles_b = tiles_a + kStagesHopper * kTileABytes;    // [stage][256 rows][64 k]
-  uint64_t* const full = reinterpret_cast<uint64_t*>(tiles_b + kStagesHopper * kTileBBytes);  // copies landed
+  uint8_t* const staging = tiles_b + kStagesHopper * kTileBBytes;      // [consumer][2 boxes][64 rows][64 cols]
+  uint64_t* const full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStagingBytes);  // copies landed
   uint64_t* const empty = full + kStagesHopper;                                                // reads done
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads, thread = threadIdx.x % kWarpgroupThreads;
@@ -150,23 +162,46 @@ __global__ void __launch_bounds__(kThreadsHopper, 1)
       // --8<-- [start:hopper_epilogue]
       // wgmma's accumulator layout is mma.m16n8's, repeated: warp w of the warpgroup owns rows
       // 16 w .. 16 w + 15, and registers 4 j .. 4 j + 3 are the m16n8 tile of columns 8 j .. 8 j + 7.
-      const int64_t first_row = tile.row * kBlockMHopper + consumer * kWgmmaM + warp * 16 + lane / 4;
-      const int64_t first_col = tile.col * kBlockNHopper + 2 * (lane % 4);
+      uint8_t* const my_staging = staging + consumer * kStagingBytes;
+      const int col_in_chunk = 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < kWgmmaN / 8; ++j) {
-        const int64_t col = first_col + 8 * j;
-        if (col >= N) continue;  // N % 8 == 0: both columns of a pair are in, or both out
-        const float bias_first = to_float(bias[col]), bias_second = to_float(bias[col + 1]);
+      for (int pass = 0; pass < kStorePasses; ++pass) {
+        // The buffer is free once TMA has read the previous pass (or the previous tile's last).
+        if (thread == 0) hopper::wait_stores_read();
+        hopper::warpgroup_barrier(1 + consumer, kWarpgroupThreads);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int64_t row = first_row + 8 * half;
-          if (row >= M) continue;
-          store_pair(out + row * N + col, activate(accumulators[4 * j + 2 * half] + bias_first, activation),
-                     activate(accumulators[4 * j + 2 * half + 1] + bias_second, activation));
+        for (int chunk = 0; chunk < kWgmmaN / 8 / kStorePasses; ++chunk) {
+          const int j = pass * (kWgmmaN / 8 / kStorePasses) + chunk;
+          const int64_t col = tile.col * kBlockNHopper + 8 * j + col_in_chunk;
+          const bool col_in = col < N;  // N % 8 == 0: both columns of a pair are in, or both out
+          const float bias_first = col_in ? to_float(bias[col]) : 0.0f;
+          const float bias_second = col_in ? to_float(bias[col + 1]) : 0.0f;
+          const int box = chunk / (kStoreBoxCols / 8), box_chunk = chunk % (kStoreBoxCols / 8);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = warp * 16 + lane / 4 + 8 * half;
+            // TMA's 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+            uint8_t* destination = my_staging + box * kStoreBoxBytes + row * kSwizzleBytes +
+                                   (box_chunk ^ (row % 8)) * 16 + col_in_chunk * kElementBytes;
+            store_pair(reinterpret_cast<T*>(destination),
+                       activate(accumulators[4 * j + 2 * half] + bias_first, activation),
+                       activate(accumulators[4 * j + 2 * half + 1] + bias_second, activation));
+          }
+        }
+        hopper::fence_shared_for_tma();
+        hopper::warpgroup_barrier(1 + consumer, kWarpgroupThreads);
+        if (thread == 0) {  // rows past M and columns past N are clipped by TMA
+          for (int box = 0; box < kStoreBoxesPerPass; ++box) {
+            const int col = static_cast<int>(tile.col * kBlockNHopper) + (pass * kStoreBoxesPerPass + box) * kStoreBoxCols;
+            hopper::tma_store_2d(&out_map, my_staging + box * kStoreBoxBytes, col,
+                                 static_cast<int>(tile.row * kBlockMHopper) + consumer * kWgmmaM);
+          }
+          hopper::commit_stores();
         }
       }
       // --8<-- [end:hopper_epilogue]
     }
+    if (thread == 0) hopper::wait_stores_done();  // the staging buffers must outlive the stores
   }
 #else
   __trap();  // not built for sm_90a: launch_linear_act_wgmma refuses before launching
@@ -187,13 +222,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// The tensor map of a row-major [rows, K] matrix read in boxes of kBlockKHopper x box_rows,
-// 128-byte swizzled; elements outside [rows, K] are read as zeros.
-CUtensorMap k_major_map(ElementType type, const void* matrix, int64_t rows, int64_t K, int box_rows) {
+// The tensor map of a row-major [rows, cols] matrix moved in boxes of box_cols x box_rows,
+// 128-byte swizzled; loads read elements outside the matrix as zeros, stores skip them.
+CUtensorMap row_major_map(ElementType type, const void* matrix, int64_t rows, int64_t cols, int box_rows,
+                          int box_cols) {
   CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};  // innermost first
-  const cuuint64_t row_stride_bytes[1] = {static_cast<cuuint64_t>(K) * kElementBytes};
-  const cuuint32_t box[2] = {kBlockKHopper, static_cast<cuuint32_t>(box_rows)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};  // innermost first
+  const cuuint64_t row_stride_bytes[1] = {static_cast<cuuint64_t>(cols) * kElementBytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult status = tensor_map_encoder()(
       &map, type == ElementType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
@@ -202,7 +238,7 @@ CUtensorMap k_major_map(ElementType type, const void* matrix, int64_t rows, int6
   if (status != CUDA_SUCCESS) {
     throw std::runtime_error("linear_act_wgmma: cuTensorMapEncodeTiled failed with CUresult " +
                              std::to_string(static_cast<int>(status)) + " for a [" + std::to_string(rows) + ", " +
-                             std::to_string(K) + "] matrix");
+                             std::to_string(cols) + "] matrix");
   }
   return map;
 }
@@ -212,12 +248,13 @@ void launch_typed(const void* x, const void* weight, const void* bias, void* out
                   Activation activation, ElementType type, cudaStream_t stream) {
   const auto kernel = linear_act_wgmma_kernel<T>;
   COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytesHopper));
-  const CUtensorMap x_map = k_major_map(type, x, M, K, kBlockMHopper);
-  const CUtensorMap weight_map = k_major_map(type, weight, N, K, kBlockNHopper);
+  const CUtensorMap x_map = row_major_map(type, x, M, K, kBlockMHopper, kBlockKHopper);
+  const CUtensorMap weight_map = row_major_map(type, weight, N, K, kBlockNHopper, kBlockKHopper);
+  const CUtensorMap out_map = row_major_map(type, out, M, N, kStoreBoxRows, kStoreBoxCols);
   const int64_t tiles = course::ceil_div<int64_t>(M, kBlockMHopper) * course::ceil_div<int64_t>(N, kBlockNHopper);
   const int64_t sms = course::device_attribute(cudaDevAttrMultiProcessorCount);
   kernel<<<static_cast<unsigned>(tiles < sms ? tiles : sms), kThreadsHopper, kSharedBytesHopper, stream>>>(
-      x_map, weight_map, static_cast<const T*>(bias), static_cast<T*>(out), M, N, K, activation);
+      x_map, weight_map, out_map, static_cast<const T*>(bias), M, N, K, activation);
   COURSE_CHECK_LAUNCH();
 }
 

@@ -69,6 +69,31 @@ __device__ inline void tma_load_2d(void* destination, const CUtensorMap* map, ui
       : "memory");
 }
 
+// The reverse: copy a box from shared memory to `map` at (inner, outer); elements outside the
+// tensor are not written, so edge tiles need no guards in the epilogue either. Asynchronous:
+// commit_stores closes a group, and the shared memory may be reused after wait_stores_read.
+__device__ inline void tma_store_2d(const CUtensorMap* map, const void* source, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(inner), "r"(outer), "r"(shared_address(source))
+               : "memory");
+}
+__device__ inline void commit_stores() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Every committed store group of this thread has finished reading its shared memory.
+__device__ inline void wait_stores_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Every committed store group of this thread has finished writing global memory.
+__device__ inline void wait_stores_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Shared memory written by ordinary stores, read next by TMA (the async proxy): each writing
+// thread fences before the barrier that hands the buffer over.
+__device__ inline void fence_shared_for_tma() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// A barrier for `threads` threads only (one warpgroup), so the other warpgroups keep running.
+// Id 0 is __syncthreads'; the kernel numbers its own from 1.
+__device__ inline void warpgroup_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---------------------------------------------------------------- registers per warpgroup
 // Hand registers from the producer warpgroup (which only issues copies) to the consumers
 // (which hold the accumulators). Counts are multiples of 8; the kernel's __launch_bounds__
