@@ -35,6 +35,8 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{lab.marker}: tests of lab {lab.name}")
     config.addinivalue_line("markers", "perf: timing against the PyTorch baseline (needs a GPU)")
     config.addinivalue_line("markers", "large: a case too big for compute-sanitizer (./course sanitize skips it)")
+    config.addinivalue_line("markers", "tma_output: the output is written by TMA stores, which compute-sanitizer's "
+                            "initcheck does not track (./course sanitize runs it under the other tools)")
 
 
 def pytest_collection_modifyitems(items):

@@ -275,6 +275,7 @@ def skip_without_wgmma():
                     f"(TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', 'unset')}); linear_act runs here")
 
 
+@pytest.mark.tma_output
 @requires_gpu
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
@@ -291,6 +292,7 @@ def test_wgmma_linear_act(shape, dtype, activation):
                      hint=WGMMA_HINT)
 
 
+@pytest.mark.tma_output
 @requires_gpu
 @pytest.mark.parametrize("shape", [(17, 40, 24), (130, 264, 64), (4100, 2056, 72)], ids=shape_id)
 def test_wgmma_edge_tiles_stay_inside(shape):
@@ -305,6 +307,7 @@ def test_wgmma_edge_tiles_stay_inside(shape):
     assert buffer[m:].isnan().all(), f"linear_act_wgmma M={m} N={n} K={k} wrote rows past M"
 
 
+@pytest.mark.tma_output
 @requires_gpu
 def test_wgmma_zero_k_and_batched():
     skip_without_wgmma()

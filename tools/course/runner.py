@@ -24,6 +24,11 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
 # inside a graph capture, so that test would fail for a reason unrelated to the kernel.
 SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook and not current_stream"]
+# initcheck does not see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
+# every read of lab 05's wgmma outputs as uninitialized, while the same cases pass with their
+# outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
+# under the other three tools only.
+INITCHECK_SELECTION = ["-m", "not perf and not large and not tma_output", "-k", "not notebook and not current_stream"]
 # PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
 # just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
 # caching every tensor is its own allocation, and memcheck catches an access one element out.
@@ -119,7 +124,8 @@ def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str,
             wrapper += ["--racecheck-report", "hazard"]
         result = run_pytest(python, root, logs, [test_file], impl=impl, impl_env=impl_env, label=label,
                             lab_number=lab_number, verbose=False, deadline_s=deadline_s,
-                            pytest_args=SANITIZE_SELECTION, wrapper=wrapper, extra_env=SANITIZE_ENV)
+                            pytest_args=INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION,
+                            wrapper=wrapper, extra_env=SANITIZE_ENV)
         log_text = Path(result["log"]).read_text(errors="replace")
         counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
         summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
