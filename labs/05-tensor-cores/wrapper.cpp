@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash aeabe34eb366].
+// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash 01b349e8b51f].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's host wrapper: checks the shape contract, the dtypes and the GPU, then launches
@@ -31,8 +31,7 @@ void check_aligned(const at::Tensor& t, const char* op, const char* name) {
               " with storage offset ", std::to_string(t.storage_offset()), "; pass ", name, ".clone()");
 }
 
-using Launcher = void (*)(ElementType, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
-                         Activation, cudaStream_t);
+using Launcher = decltype(&launch_linear_act);  // launch_linear_act_wgmma has the same signature
 
 // --8<-- [start:linear_act]
 // out[..., N] = act(x[..., K] @ weight[N, K]^T + bias[N]): torch.nn.functional.linear followed by

@@ -28,8 +28,7 @@ void check_aligned(const at::Tensor& t, const char* op, const char* name) {
               " with storage offset ", std::to_string(t.storage_offset()), "; pass ", name, ".clone()");
 }
 
-using Launcher = void (*)(ElementType, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t,
-                         Activation, cudaStream_t);
+using Launcher = decltype(&launch_linear_act);  // launch_linear_act_wgmma has the same signature
 
 // --8<-- [start:linear_act]
 // out[..., N] = act(x[..., K] @ weight[N, K]^T + bias[N]): torch.nn.functional.linear followed by
