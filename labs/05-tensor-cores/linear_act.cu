@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 9512e021b8e2].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 635efd12c23e].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05: out = act(x @ weight^T + bias) on tensor cores, in one kernel.
@@ -40,8 +40,6 @@ static_assert(kBlockK % kMmaK == 0 && kWarpM % kMmaM == 0 && kWarpN % (2 * kMmaN
 constexpr int kRegistersPerSm = 65536, kAccumulatorRegisters = kTilesM * kTilesN * 4;
 static_assert(kRegistersPerSm / (kThreads * kMinBlocksPerSm) >= kAccumulatorRegisters + 64,
               "room for the accumulators plus fragments and addresses at kMinBlocksPerSm blocks per SM");
-static_assert((kBlockM * kChunksPerRow) % kThreads == 0 && (kBlockN * kChunksPerRow) % kThreads == 0,
-              "every thread copies the same number of chunks per tile");
 // Grouped block order (grouped_tile): 8 tile-rows of x, 8 * 128 rows * K * 2 B = 8 MB at K = 4096,
 // and the weight tiles they meet stay in L2 (50 MB on an H100).
 constexpr int kGroupM = 8;
@@ -52,20 +50,29 @@ static_assert(shared_bytes_for(kStagesSync) <= 64 * 1024, "sm_75 shared memory")
 // --8<-- [end:tiles]
 
 // Copy rows [first_row, first_row + Rows) x k [k_begin, k_begin + kBlockK) of a row-major
-// [row_count, K] matrix into a swizzled tile. Thread t copies chunks t, t + kThreads, ...:
-// 4 consecutive threads read one 64-byte row segment (2 full 32-byte sectors), and 8
-// consecutive threads store two whole tile rows, 8 different bank groups.
+// [row_count, K] matrix into a swizzled tile. Thread t copies chunk column t % kChunksPerRow of
+// rows t / kChunksPerRow + i * kRowsPerPass: 4 consecutive threads read one 64-byte row segment
+// (2 full 32-byte sectors), and 8 consecutive threads store two whole tile rows, 8 different
+// bank groups. A thread's chunks are kRowsPerPass rows apart, a whole number of swizzle
+// periods, so one source pointer and one swizzled offset serve them all: the address
+// arithmetic per k-slice is an add, not a 64-bit multiply per chunk.
+constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+static_assert(kRowsPerPass % (kBankLineChunks / kChunksPerRow * kChunksPerRow) == 0,
+              "rows kRowsPerPass apart get the same XOR in swizzled_chunk");
 template <int Rows, typename T>
 __device__ void load_tile(uint4* tile, const T* matrix, int64_t row_count, int64_t first_row, int64_t K,
                           int64_t k_begin) {
+  static_assert(Rows % kRowsPerPass == 0, "every thread copies the same number of chunks");
+  const int row = static_cast<int>(threadIdx.x) / kChunksPerRow, chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
+  const int64_t global_k = k_begin + chunk * kElementsPerChunk;
+  const bool k_inside = global_k < K;  // K % 8 == 0: a chunk is all in or all out
+  const T* source = matrix + (first_row + row) * K + global_k;
+  uint4* const destination = tile + swizzled_chunk<kChunksPerRow>(row, chunk);
 #pragma unroll
-  for (int i = 0; i < Rows * kChunksPerRow / kThreads; ++i) {
-    const int index = i * kThreads + static_cast<int>(threadIdx.x);
-    const int row = index / kChunksPerRow, chunk = index % kChunksPerRow;
-    const int64_t global_row = first_row + row, global_k = k_begin + chunk * kElementsPerChunk;
-    const bool valid = global_row < row_count && global_k < K;  // K % 8 == 0: a chunk is all in or all out
-    const T* source = valid ? matrix + global_row * K + global_k : matrix;
-    copy_chunk_async(tile + swizzled_chunk<kChunksPerRow>(row, chunk), source, valid);
+  for (int i = 0; i < Rows / kRowsPerPass; ++i) {
+    const bool valid = k_inside && first_row + row + i * kRowsPerPass < row_count;
+    copy_chunk_async(destination + i * kRowsPerPass * kChunksPerRow, valid ? source + i * kRowsPerPass * K : matrix,
+                     valid);
   }
 }
 
