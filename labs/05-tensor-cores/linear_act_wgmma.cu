@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act_wgmma.cu by `./course labs` [lab-hash 4a5be215149d].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act_wgmma.cu by `./course labs` [lab-hash dad29926d292].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05, the reference's Hopper path (section 10): the same out = act(x @ weight^T + bias),
@@ -215,8 +215,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const auto encode = [] {
     void* function = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050  // the by-version query; the older one is deprecated from CUDA 13
     COURSE_CUDA_CHECK(
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found));
+#else  // CUDA 12.0-12.4 (Colab's toolkits, for instance)
+    COURSE_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found));
+#endif
     if (found != cudaDriverEntryPointSuccess || function == nullptr) {
       throw std::runtime_error("linear_act_wgmma: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
     }
