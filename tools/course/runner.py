@@ -24,7 +24,7 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
 # inside a graph capture, so that test would fail for a reason unrelated to the kernel.
 SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook and not current_stream"]
-# initcheck does not see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
+# initcheck appears not to see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
 # every read of lab 05's wgmma outputs as uninitialized, while the same cases pass with their
 # outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
 # under the other three tools only.
