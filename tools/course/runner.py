@@ -23,12 +23,13 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
 # Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
 # inside a graph capture, so that test would fail for a reason unrelated to the kernel.
-SANITIZE_SELECTION = ["-m", "not perf and not large", "-k", "not notebook and not current_stream"]
+_SANITIZE_MARKERS, _SANITIZE_KEYWORDS = "not perf and not large", "not notebook and not current_stream"
+SANITIZE_SELECTION = ["-m", _SANITIZE_MARKERS, "-k", _SANITIZE_KEYWORDS]
 # initcheck appears not to see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
 # every read of lab 05's wgmma outputs as uninitialized, while the same cases pass with their
 # outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
 # under the other three tools only.
-INITCHECK_SELECTION = ["-m", "not perf and not large and not tma_output", "-k", "not notebook and not current_stream"]
+INITCHECK_SELECTION = ["-m", f"{_SANITIZE_MARKERS} and not tma_output", "-k", _SANITIZE_KEYWORDS]
 # PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
 # just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
 # caching every tensor is its own allocation, and memcheck catches an access one element out.
