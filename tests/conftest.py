@@ -1,10 +1,13 @@
-"""pytest glue: per-lab markers, and the JSON record `./course` reads back."""
+"""pytest glue: per-lab markers, and the JSON record `./course` reads back.
+
+Each test's record carries what it grades as data: `tasks` (the TODO ids it declares with
+harness.tasks), `todos` (for a failure: those of them still open in the graded tree, with
+file and line) and `kind` ("student", or "reference" for a harness.reference_check).
+"""
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import random
 import re
 import sys
 from pathlib import Path
@@ -12,18 +15,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import perf, trees  # noqa: E402
+from harness import perf, todos, trees  # noqa: E402
 
-_LAB_FILE = re.compile(r"test_(\d\d)_")
 _records: list[dict] = []
+_points: dict[str, dict] = {}
 # A CUDA error inside a kernel (illegal address, device-side assert) breaks the process's
 # CUDA context: every later CUDA call fails with it. Record the first one and stop there.
 _STICKY_CUDA_ERROR = re.compile(r"illegal (memory )?(access|address|instruction)|device-side assert|"
                                 r"unspecified launch failure|misaligned address", re.IGNORECASE)
 _broken_context: list[str] = []
-SEED = int(os.environ.get("COURSE_SEED") or random.randrange(2**31))
-SANITIZE_HINT = ("\n  hint: a kernel made an invalid access or hit an assert; find it with "
-                 "`./course sanitize {lab} --impl {impl}` (compute-sanitizer memcheck on small cases)")
+SEED = trees.seed()
 
 
 def pytest_addoption(parser):
@@ -37,13 +38,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "large: a case too big for compute-sanitizer (./course sanitize skips it)")
     config.addinivalue_line("markers", "tma_output: the output is written by TMA stores, which compute-sanitizer's "
                             "initcheck does not track (./course sanitize runs it under the other tools)")
+    config.addinivalue_line("markers", f"{todos.MARK}(*ids): the student tasks (TODO ids) this test grades")
+    config.addinivalue_line("markers", f"{todos.REFERENCE_MARK}: checks code the student is given, not a TODO")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        match = _LAB_FILE.match(Path(str(item.fspath)).name)
-        if match:
-            item.add_marker(getattr(pytest.mark, f"lab{match.group(1)}"))
+        lab = todos.lab_of(item)
+        if lab:
+            item.add_marker(getattr(pytest.mark, lab.marker))
+            if lab.name not in _points:
+                _points[lab.name] = dict(getattr(item.module, "POINTS", {}))
 
 
 def pytest_runtest_setup(item):
@@ -53,10 +58,20 @@ def pytest_runtest_setup(item):
     # Fresh inputs every run, reproducible from the printed seed: each test draws from its own
     # stream, so selecting a subset of tests with -k does not change what a test sees.
     digest = int(hashlib.sha256(f"{SEED}:{item.nodeid}".encode()).hexdigest()[:8], 16)
+    import random
+
     random.seed(digest)
     import torch
 
     torch.manual_seed(digest)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.course_tasks, report.course_reference = todos.declared(item)
+    report.course_lab = todos.lab_of(item)
 
 
 def _message(report) -> str:
@@ -77,12 +92,19 @@ def pytest_runtest_logreport(report):
     if report.when != "call" and report.outcome == "passed":
         return
     message = _message(report) if report.outcome != "passed" else ""
+    lab = getattr(report, "course_lab", None)
+    tree = trees.resolve_tree()
     if report.failed and not _broken_context and _STICKY_CUDA_ERROR.search(message):
         _broken_context.append(message.splitlines()[0][:300])
-        match = _LAB_FILE.match(Path(report.fspath).name)
-        message += SANITIZE_HINT.format(lab=match.group(1) if match else "NN", impl=os.environ.get(trees.IMPL_ENV, "labs"))
-    _records.append({"name": report.nodeid.split("::", 1)[-1], "outcome": report.outcome, "when": report.when,
-                     "message": message, "seconds": round(report.duration, 3)})
+        message += "\n  a kernel made an invalid access or hit an assert." + trees.sanitize_hint(
+            lab.number if lab else "NN", str(tree.path))
+    declared = getattr(report, "course_tasks", [])
+    _records.append({
+        "name": report.nodeid.split("::", 1)[-1], "outcome": report.outcome, "when": report.when,
+        "message": message, "seconds": round(report.duration, 3), "tasks": declared,
+        "kind": "reference" if getattr(report, "course_reference", False) else "student",
+        "todos": todos.open_for(lab, tree, declared) if report.failed and lab else [],
+    })
 
 
 def pytest_sessionfinish(session):
@@ -91,6 +113,7 @@ def pytest_sessionfinish(session):
         return
     import torch
 
+    labs = {name: {"points": points, "titles": todos.lab_tasks(trees.find_lab(name))} for name, points in _points.items()}
     data = {"seed": SEED, "tests": _records, "perf": perf.RESULTS, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "copy_bandwidth_gbps": perf._ceilings.get("copy"), "impl": str(trees.resolve_tree().path)}
+            "copy_bandwidth_gbps": perf._ceilings.get("copy"), "impl": str(trees.resolve_tree().path), "labs": labs}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")

@@ -11,7 +11,6 @@ from harness import notebooks, poison_allocator, random_tensor, requires_gpu, to
 
 LAB = harness.lab("00")
 FP32 = torch.float32
-THREADS = 256  # the solution's block size: the grader reports wrong elements by block
 # 2^24 + 3 elements: past one wave of any GPU's threads, so the grid-stride loop must loop.
 SHAPES = [(1,), (31,), (4097,), pytest.param((2**24 + 3,), marks=pytest.mark.large), (3, 5, 7), (64, 1000)]
 # (name, multiprocessors, max resident threads per multiprocessor) of GPUs students use.
@@ -19,26 +18,39 @@ GPUS = [("T4", 40, 1024), ("A100", 108, 2048), ("H100", 132, 2048)]
 GRID_HINT = ("a grid-stride loop starts at blockIdx.x * blockDim.x + threadIdx.x and steps by "
              "gridDim.x * blockDim.x until n, so every element is covered whatever the grid size")
 
+# Points per task (of 100): the grid-stride loop and the launch are the lesson's two ideas; axpy's
+# kernel repeats scale's loop; its wrapper is every check, the allocation and the launch.
+POINTS = {"lab00.1": 25, "lab00.2": 25, "lab00.3": 15, "lab00.4": 35}
+
+
+def constants() -> dict:
+    """The numbers the kernels are built with ({threads_per_block, warp_size}), from the lab itself:
+    read inside the tests, so a lab that does not build fails each test rather than the import."""
+    return LAB.module.constants()
+
 
 def shape_id(shape) -> str:
     return "x".join(map(str, shape))
 
 
+@harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
-    for name in ("scale", "axpy", "launch_config"):
+    for name in ("scale", "axpy", "launch_config", "constants"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
 
 
 # ---------------------------------------------------------------- CPU-side: the launch configuration
 @pytest.mark.parametrize("gpu, sm_count, max_threads", GPUS, ids=[g[0] for g in GPUS])
 @pytest.mark.parametrize("n", [1, 31, 4097, 2**24 + 3, 2**40])
+@harness.tasks("lab00.2")
 def test_launch_config(gpu, sm_count, max_threads, n):
     blocks, threads = LAB.module.launch_config(n, sm_count, max_threads)
     case = f"launch_config(n={n}) on a {gpu} ({sm_count} SMs, {max_threads} threads/SM) gave {blocks} blocks x {threads} threads"
     problems = []
-    if threads % 32 or not 32 <= threads <= 1024:
-        problems.append("threads per block must be a multiple of the 32-thread warp, between 32 and 1024")
+    warp = constants()["warp_size"]
+    if threads % warp or not warp <= threads <= 1024:
+        problems.append(f"threads per block must be a multiple of the {warp}-thread warp, between {warp} and 1024")
     if not 1 <= blocks <= 2**31 - 1:
         problems.append("blocks must be between 1 and gridDim.x's limit of 2^31 - 1")
     if (blocks - 1) * threads >= n:
@@ -46,24 +58,27 @@ def test_launch_config(gpu, sm_count, max_threads, n):
     if blocks * threads < min(n, sm_count * max_threads):
         problems.append(f"too few threads to fill the GPU: {sm_count} SMs hold {sm_count * max_threads} threads at once")
     if problems:
-        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems) + harness.check.todo_note(LAB.lab, LAB.tree, ("lab00.2",)))
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems))
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+@harness.reference_check  # scale's wrapper is given
 def test_scale_refuses_cpu_tensor():
     LAB.assert_raises_clearly(lambda: LAB.module.scale(torch.ones(4), 2.0), must_mention=("CUDA",),
                               case="scale(x on the CPU)")
 
 
+@harness.tasks("lab00.4")
 def test_axpy_refuses_cpu_tensors():
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, torch.ones(4), torch.ones(4)), must_mention=("CUDA",),
-                              case="axpy(x, y on the CPU)", tasks=("lab00.4",))
+                              case="axpy(x, y on the CPU)")
 
 
 # ---------------------------------------------------------------- GPU: correctness
 @requires_gpu
 @pytest.mark.parametrize("blocks", [0, 1, 7], ids=["derived-grid", "1-block", "7-blocks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@harness.tasks("lab00.1", "lab00.2")  # launch_config picks the threads per block even when blocks is forced
 def test_scale(shape, blocks):
     x = random_tensor(shape, FP32)
     alpha = random.uniform(-3, 3)
@@ -71,12 +86,13 @@ def test_scale(shape, blocks):
     y = LAB.module.scale(x, alpha, blocks)
     torch.cuda.synchronize()
     LAB.assert_close(y, x.double() * alpha, case=f"scale shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
-                     tol=tolerance(FP32), tasks=("lab00.1", "lab00.2"), block=THREADS, hint=GRID_HINT)
+                     tol=tolerance(FP32), block=constants()["threads_per_block"], hint=GRID_HINT)
 
 
 @requires_gpu
 @pytest.mark.parametrize("blocks", [0, 7], ids=["derived-grid", "7-blocks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@harness.tasks("lab00.2", "lab00.3", "lab00.4")
 def test_axpy(shape, blocks):
     x, y = random_tensor(shape, FP32), random_tensor(shape, FP32)
     alpha = random.uniform(-3, 3)
@@ -84,10 +100,11 @@ def test_axpy(shape, blocks):
     out = LAB.module.axpy(alpha, x, y, blocks)
     torch.cuda.synchronize()
     LAB.assert_close(out, alpha * x.double() + y.double(), case=f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
-                     tol=tolerance(FP32), tasks=("lab00.3", "lab00.4"), block=THREADS, hint=GRID_HINT)
+                     tol=tolerance(FP32), block=constants()["threads_per_block"], hint=GRID_HINT)
 
 
 @requires_gpu
+@harness.tasks("lab00.4")  # the empty scale is given; axpy's wrapper must allow it too
 def test_empty_input():
     x = torch.empty(0, device="cuda")
     assert LAB.module.scale(x, 2.0).shape == (0,), "scale of an empty tensor must return an empty tensor"
@@ -95,19 +112,21 @@ def test_empty_input():
 
 
 @requires_gpu
+@harness.tasks(harness.ALL)
 def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     x = random_tensor((2**20,), FP32)
     y, out = LAB.capture_on_current_stream(lambda: (LAB.module.scale(x, 2.0), LAB.module.axpy(2.0, x, x)),
-                                           inputs=x, case="scale and axpy", tasks=("lab00.4",))
+                                           inputs=x, case="scale and axpy")
     LAB.assert_close(y, x.double() * 2, case="scale replayed from a CUDA graph", tol=tolerance(FP32),
                      hint=harness.STREAM_HINT)
-    LAB.assert_close(out, x.double() * 3, case="axpy replayed from a CUDA graph", tol=tolerance(FP32), tasks=("lab00.4",),
+    LAB.assert_close(out, x.double() * 3, case="axpy replayed from a CUDA graph", tol=tolerance(FP32),
                      hint=harness.STREAM_HINT)
 
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error
 @requires_gpu
+@harness.reference_check  # scale's checks are given
 def test_scale_input_errors():
     x = random_tensor((33, 17), FP32)
     LAB.assert_raises_clearly(lambda: LAB.module.scale(x.double(), 2.0), must_mention=("dtype", "float"),
@@ -119,17 +138,17 @@ def test_scale_input_errors():
 
 
 @requires_gpu
+@harness.tasks("lab00.4")
 def test_axpy_input_errors():
     x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
-    tasks = ("lab00.4",)
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y[:, :16].contiguous()), must_mention=("shape",),
-                              case="axpy(x [33, 17], y [33, 16])", tasks=tasks)
+                              case="axpy(x [33, 17], y [33, 16])")
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y.half()), must_mention=("dtype",),
-                              case="axpy(x float32, y float16)", tasks=tasks)
+                              case="axpy(x float32, y float16)")
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x.t(), y.t()), must_mention=("contiguous",),
-                              case="axpy(x.t(), y.t())", tasks=tasks)
+                              case="axpy(x.t(), y.t())")
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, x, y.cpu()), must_mention=("CUDA",),
-                              case="axpy(x on the GPU, y on the CPU)", tasks=tasks)
+                              case="axpy(x on the GPU, y on the CPU)")
 
 
 # ---------------------------------------------------------------- GPU: speed
@@ -140,6 +159,7 @@ PERF_N = 2**28
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks("lab00.1", "lab00.2")
 def test_perf_scale():
     x = random_tensor((PERF_N,), FP32)
     last = {}
@@ -156,6 +176,7 @@ def test_perf_scale():
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks("lab00.2", "lab00.3", "lab00.4")
 def test_perf_axpy():
     x, y = random_tensor((PERF_N,), FP32), random_tensor((PERF_N,), FP32)
     last = {}
@@ -165,7 +186,7 @@ def test_perf_axpy():
 
     def verify():
         LAB.assert_close(last["out"], torch.add(y, x, alpha=1.5), case="axpy: the output of the timed calls",
-                         tol=tolerance(FP32), tasks=("lab00.3", "lab00.4"))
+                         tol=tolerance(FP32))
 
     LAB.perf(name="axpy 2^28 fp32", ours=ours, baseline=lambda: torch.add(y, x, alpha=1.5),
              baseline_name="torch.add(alpha=)", bytes_moved=3 * 4 * PERF_N, student_bar=0.5, target=0.8, verify=verify)

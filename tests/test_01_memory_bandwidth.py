@@ -10,7 +10,6 @@ from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
 LAB = harness.lab("01")
 FP32 = torch.float32
 EXACT = tolerance(FP32)  # a copy is exact; any tolerance passes it and fails a wrong element
-THREADS = 256  # the solution's block size: the grader reports wrong elements of the scalar copies by block
 SIZES = [1, 3, 4, 5, 31, 33, 4097, 2**24 + 3]
 SHAPES = [(n,) for n in SIZES] + [(3, 5, 7), (64, 1000)]
 # Guard floats around every dst the misalignment tests hand out: a float4 (4 floats) past either end and more.
@@ -29,14 +28,30 @@ HINTS = {
                    "end of the output is a missing tail, a NaN at its start a missing head"),
 }
 
+# Points per task (of 100), by the work each is: the coalesced copy is lesson 00's loop; the strided
+# one a small index puzzle; the 16-byte split is subtle arithmetic; the float4 kernel is the most code.
+POINTS = {"lab01.1": 15, "lab01.2": 20, "lab01.3": 30, "lab01.4": 35}
+
+
+def copy_params(*names):
+    """The copies (all, or those named) as parameters, each marked with the tasks it grades."""
+    return [pytest.param(name, marks=harness.tasks(*COPIES[name][1])) for name in names or COPIES]
+
+
+def constants() -> dict:
+    """The numbers the kernels are built with ({threads_per_block, warp_size}), from the lab itself:
+    read inside the tests, so a lab that does not build fails each test rather than the import."""
+    return LAB.module.constants()
+
 
 def shape_id(shape) -> str:
     return "x".join(map(str, shape))
 
 
+@harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
-    for name in ("copy_coalesced", "copy_strided", "copy_vectorized", "vector_split", "copy_launch"):
+    for name in ("copy_coalesced", "copy_strided", "copy_vectorized", "vector_split", "copy_launch", "constants"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
 
 
@@ -47,6 +62,7 @@ ALIGNMENTS = [(s, d) for s in (0, 4, 8, 12) for d in (0, 4, 8, 12)] + [(2, 2)]  
 
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 31, 33, 4097, 2**40 + 3])
 @pytest.mark.parametrize("src_off, dst_off", ALIGNMENTS, ids=[f"src+{s}-dst+{d}" for s, d in ALIGNMENTS])
+@harness.tasks("lab01.3")
 def test_vector_split(src_off, dst_off, n):
     src, dst = BASE + src_off, BASE + 4096 + dst_off
     head, vectors, tail = LAB.module.vector_split(src, dst, n)
@@ -76,17 +92,18 @@ def test_vector_split(src_off, dst_off, n):
         problems.append("src and dst differ by a distance that is not a multiple of 16 bytes, so no element puts "
                         "both on a 16-byte boundary: vectors must be 0")
     if problems:
-        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems)
-                                   + harness.check.todo_note(LAB.lab, LAB.tree, ("lab01.3",)))
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems))
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
 @pytest.mark.parametrize("name", ["copy_coalesced", "copy_vectorized"])
+@harness.reference_check  # the wrapper's checks are given
 def test_refuses_cpu_tensors(name):
     LAB.assert_raises_clearly(lambda: getattr(LAB.module, name)(torch.empty(4), torch.ones(4)),
                               must_mention=("CUDA",), case=f"{name}(dst, src on the CPU)")
 
 
+@harness.reference_check
 def test_strided_refuses_cpu_tensors():
     LAB.assert_raises_clearly(lambda: LAB.module.copy_strided(torch.empty(4), torch.ones(4), 2),
                               must_mention=("CUDA",), case="copy_strided(dst, src on the CPU, 2)")
@@ -96,27 +113,28 @@ def test_strided_refuses_cpu_tensors():
 @requires_gpu
 @pytest.mark.parametrize("blocks", [0, 7], ids=["derived-grid", "7-blocks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@pytest.mark.parametrize("copy", list(COPIES))
+@pytest.mark.parametrize("copy", copy_params())
 def test_copy(copy, shape, blocks):
-    fn, tasks = COPIES[copy]
+    fn, _ = COPIES[copy]
     src = random_tensor(shape, FP32)
     dst = poisoned(shape, FP32)
     fn(dst, src, blocks)
     torch.cuda.synchronize()
     LAB.assert_close(dst, src.double(), case=f"copy_{copy} shape {shape_id(shape)}, blocks={blocks or 'derived'}",
-                     tol=EXACT, tasks=tasks, block=THREADS if copy == "coalesced" else None, hint=HINTS[copy])
+                     tol=EXACT, block=constants()["threads_per_block"] if copy == "coalesced" else None, hint=HINTS[copy])
 
 
 @requires_gpu
 @pytest.mark.parametrize("stride", [1, 2, 8, 32, 33, 5000])
 @pytest.mark.parametrize("n", [1, 31, 4097, 2**20 + 3])
+@harness.tasks("lab01.2")
 def test_copy_strided(n, stride):
     src = random_tensor((n,), FP32)
     dst = poisoned((n,), FP32)
     LAB.module.copy_strided(dst, src, stride)
     torch.cuda.synchronize()
     LAB.assert_close(dst, src.double(), case=f"copy_strided n={n}, stride={stride}", tol=EXACT,
-                     tasks=("lab01.2",), hint=HINTS["strided-7"])
+                     hint=HINTS["strided-7"])
 
 
 def _guarded(n: int, offset: int, fill=None):
@@ -128,7 +146,7 @@ def _guarded(n: int, offset: int, fill=None):
     return buffer, buffer[offset:offset + n]
 
 
-def _check_guards(buffer: torch.Tensor, offset: int, n: int, case: str, tasks) -> None:
+def _check_guards(buffer: torch.Tensor, offset: int, n: int, case: str) -> None:
     outside = torch.cat([buffer[:offset], buffer[offset + n:]])
     written = (~outside.isnan()).nonzero().flatten().tolist()
     if written:
@@ -136,7 +154,7 @@ def _check_guards(buffer: torch.Tensor, offset: int, n: int, case: str, tasks) -
         raise harness.GradeFailure(
             f"{case}: wrote {len(written)} floats outside dst, at {', '.join(where)} (dst has {n} elements)\n"
             "  hint: every loop must stop at its end: the head at head, the vectors at vectors, the tail at n "
-            "(an off-by-one in the tail writes dst[n])" + harness.check.todo_note(LAB.lab, LAB.tree, tasks))
+            "(an off-by-one in the tail writes dst[n])")
 
 
 MISALIGNED = [(1, 1), (2, 2), (3, 3), (1, 0), (0, 3), (2, 1)]
@@ -145,21 +163,22 @@ MISALIGNED = [(1, 1), (2, 2), (3, 3), (1, 0), (0, 3), (2, 1)]
 @requires_gpu
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 31, 33, 4097, 2**20 + 3])
 @pytest.mark.parametrize("src_off, dst_off", MISALIGNED, ids=[f"src+{s}-dst+{d}" for s, d in MISALIGNED])
-@pytest.mark.parametrize("copy", ["coalesced", "vectorized"])
+@pytest.mark.parametrize("copy", copy_params("coalesced", "vectorized"))
 def test_copy_misaligned(copy, src_off, dst_off, n):
     """Views like x[1:]: contiguous, but starting 4, 8 or 12 bytes past a 16-byte boundary."""
-    fn, tasks = COPIES[copy]
+    fn, _ = COPIES[copy]
     _, src = _guarded(n, src_off, fill="random")
     dst_buffer, dst = _guarded(n, dst_off)
     fn(dst, src, 0)
     torch.cuda.synchronize()
     case = f"copy_{copy} n={n}, src = x[{src_off}:] ({4 * src_off} bytes past 16), dst = y[{dst_off}:] ({4 * dst_off} bytes past 16)"
-    LAB.assert_close(dst, src.double(), case=case, tol=EXACT, tasks=tasks, hint=HINTS[copy])
-    _check_guards(dst_buffer, dst_off, n, case, tasks)
+    LAB.assert_close(dst, src.double(), case=case, tol=EXACT, hint=HINTS[copy])
+    _check_guards(dst_buffer, dst_off, n, case)
 
 
 @requires_gpu
 @pytest.mark.parametrize("shape", [(3, 5, 7), (2, 3, 4097)], ids=shape_id)
+@harness.tasks("lab01.3", "lab01.4")
 def test_copy_vectorized_batched_misaligned(shape):
     numel = torch.Size(shape).numel()
     src = random_tensor((numel + 1,), FP32)[1:].view(shape)  # a batched view of x[1:]
@@ -167,12 +186,12 @@ def test_copy_vectorized_batched_misaligned(shape):
     LAB.module.copy_vectorized(dst_flat.view(shape), src)
     torch.cuda.synchronize()
     case = f"copy_vectorized shape {shape_id(shape)}, src = x[1:].view(...), dst = y[3:].view(...)"
-    LAB.assert_close(dst_flat.view(shape), src.double(), case=case, tol=EXACT, tasks=("lab01.3", "lab01.4"),
-                     hint=HINTS["vectorized"])
-    _check_guards(dst_buffer, 3, numel, case, ("lab01.3", "lab01.4"))
+    LAB.assert_close(dst_flat.view(shape), src.double(), case=case, tol=EXACT, hint=HINTS["vectorized"])
+    _check_guards(dst_buffer, 3, numel, case)
 
 
 @requires_gpu
+@harness.reference_check  # the launchers return before any kernel when n == 0: given code
 def test_empty_input():
     x = torch.empty(0, device="cuda")
     for name, call in [("copy_coalesced", lambda: LAB.module.copy_coalesced(x, x.clone())),
@@ -182,6 +201,7 @@ def test_empty_input():
 
 
 @requires_gpu
+@harness.tasks(harness.ALL)
 def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     source = random_tensor((2**20 + 3,), FP32)
@@ -192,16 +212,16 @@ def test_runs_on_current_stream():
             fn(outs[name], source, 0)
         return outs
 
-    LAB.capture_on_current_stream(run, inputs=source, case="the three copies",
-                                  tasks=tuple(t for _, ts in COPIES.values() for t in ts))
-    for name, (_, tasks) in COPIES.items():
+    LAB.capture_on_current_stream(run, inputs=source, case="the three copies")
+    for name in COPIES:
         LAB.assert_close(outs[name], source.double(), case=f"copy_{name} replayed from a CUDA graph", tol=EXACT,
-                         tasks=tasks, hint=harness.STREAM_HINT)
+                         hint=harness.STREAM_HINT)
 
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error
 @requires_gpu
 @pytest.mark.parametrize("name", ["copy_coalesced", "copy_vectorized"])
+@harness.reference_check  # the wrapper's checks are given
 def test_input_errors(name):
     fn = getattr(LAB.module, name)
     x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
@@ -216,6 +236,7 @@ def test_input_errors(name):
 
 
 @requires_gpu
+@harness.reference_check
 def test_strided_input_errors():
     x, y = random_tensor((64,), FP32), random_tensor((64,), FP32)
     LAB.assert_raises_clearly(lambda: LAB.module.copy_strided(y, x, 0), must_mention=("stride",),
@@ -228,51 +249,50 @@ PERF_N = 2**28
 STRIDE = 32  # 128 bytes: every float of a warp's access in its own 128-byte line
 
 
-def _perf_copy(name, call, *, student_bar, target, tasks, hint):
+def _perf_copy(name, call, *, student_bar, target, hint):
     src = random_tensor((PERF_N,), FP32)
     dst, baseline_dst = poisoned((PERF_N,), FP32), torch.empty_like(src)  # NaN: skipped work cannot pass verify
 
     def verify():
         if not torch.equal(dst, src):  # the full comparison needs ~10 GiB of float64 temporaries at this size
-            LAB.assert_close(dst, src, case=f"{name}: the output of the timed calls", tol=EXACT, tasks=tasks)
+            LAB.assert_close(dst, src, case=f"{name}: the output of the timed calls", tol=EXACT)
 
     try:
         return LAB.perf(name=name, ours=lambda: call(dst, src), baseline=lambda: baseline_dst.copy_(src),
                         baseline_name="dst.copy_(src)", bytes_moved=2 * 4 * PERF_N, student_bar=student_bar,
                         target=target, verify=verify)
     except harness.GradeFailure as failure:
-        raise harness.GradeFailure(f"{failure}\n  hint: {hint}" + harness.check.todo_note(LAB.lab, LAB.tree, tasks)) from None
+        raise harness.GradeFailure(f"{failure}\n  hint: {hint}") from None
 
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks("lab01.2")
 def test_perf_copy_strided():
-    tasks = ("lab01.2",)
     case = _perf_copy(f"ladder 1: strided copy (stride {STRIDE})",
                       lambda dst, src: LAB.module.copy_strided(dst, src, STRIDE),
-                      student_bar=0.01, target=0.02, tasks=tasks, hint="the strided copy is meant to be slow, not this slow: each thread walks its rows with a grid stride, "
+                      student_bar=0.01, target=0.02, hint="the strided copy is meant to be slow, not this slow: each thread walks its rows with a grid stride, "
                            "for one column after another; no thread should be left with a whole column alone")
     if case.ratio > 0.5:
         raise harness.GradeFailure(
             f"{case.summary()}\n  a copy whose warps touch 32 different 128-byte lines per access cannot run at "
-            f"{case.ratio:.2f}x a coalesced copy: neighbouring threads must be `stride` elements apart"
-            + harness.check.todo_note(LAB.lab, LAB.tree, tasks))
+            f"{case.ratio:.2f}x a coalesced copy: neighbouring threads must be `stride` elements apart")
 
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks("lab01.1")
 def test_perf_copy_coalesced():
-    _perf_copy("ladder 2: coalesced copy", LAB.module.copy_coalesced, student_bar=0.5,
-               target=0.7, tasks=("lab01.1",),
+    _perf_copy("ladder 2: coalesced copy", LAB.module.copy_coalesced, student_bar=0.5, target=0.7,
                hint="consecutive threads must touch consecutive elements: index = blockIdx.x * blockDim.x + "
                     "threadIdx.x, plus the grid's thread count on every trip")
 
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks("lab01.3", "lab01.4")
 def test_perf_copy_vectorized():
-    _perf_copy("ladder 3: float4 copy", LAB.module.copy_vectorized, student_bar=0.8,
-               target=0.95, tasks=("lab01.3", "lab01.4"),
+    _perf_copy("ladder 3: float4 copy", LAB.module.copy_vectorized, student_bar=0.8, target=0.95,
                hint="issue all kVectorsPerThread float4 loads before the first store, with a warp's loads on "
                     "consecutive float4s, and keep the body free of per-element branches")
 

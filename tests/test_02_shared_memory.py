@@ -12,8 +12,6 @@ from harness import notebooks, poison_allocator, random_tensor, requires_gpu, to
 
 LAB = harness.lab("02")
 FP32 = torch.float32
-TILE = (32, 32)  # the solution's tile: the grader reports wrong elements by tile
-BANKS, BANK_BYTES, WARP = 32, 4, 32
 # Shapes that are not multiples of the tile (1, 31, 33, 4097), tall and wide, square, batched,
 # and one with more tiles than an H100 holds at once (1025 x 2049: 2145 blocks), so that the
 # edge tiles run long after the first tiles have finished.
@@ -26,6 +24,27 @@ HINT = ("find the pattern in the wrong elements: NaN = never written (a missing 
         "(out_row < cols && out_col < rows), so the last tile spills into the next row; "
         "wrong in a few scattered tiles, differing between runs = a missing __syncthreads() between "
         "filling the tile and reading it back (a warp read a row another warp had not written yet)")
+
+# Points per task (of 100), by the work each is: the wrapper's output shape and strides; the tiled
+# kernel, the lab's main work; the padded stride, one line and its reasoning.
+POINTS = {"lab02.1": 25, "lab02.2": 55, "lab02.3": 20}
+
+
+def kernel_params(*names):
+    """The kernels (all, or those named) as parameters, each marked with the tasks it grades."""
+    return [pytest.param(name, marks=harness.tasks(*KERNELS[name])) for name in names or KERNELS]
+
+
+def tile_layout() -> dict:
+    """The kernels' tile and block shapes, and the warp and bank widths they derive from, from the lab
+    itself: read inside the tests, so a lab that does not build fails each test rather than the import."""
+    return LAB.module.tile_layout()
+
+
+def tile_shape() -> tuple[int, int]:
+    """The kernels' square tile: the grader reports wrong elements by tile."""
+    tile = tile_layout()["tile"]
+    return tile, tile
 
 
 def shape_id(shape) -> str:
@@ -41,6 +60,7 @@ def run(kernel: str, x: torch.Tensor) -> torch.Tensor:
     return getattr(LAB.module, f"{kernel}_transpose")(x)
 
 
+@harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
     for name in ("naive_transpose", "tiled_transpose", "padded_transpose", "transpose_grid", "tile_layout"):
@@ -50,6 +70,7 @@ def test_builds():
 # ---------------------------------------------------------------- CPU-side: the grid and the tile
 @pytest.mark.parametrize("batch, rows, cols", [(1, 1, 1), (1, 31, 33), (1, 33, 4097), (1, 4097, 33), (7, 1000, 1000),
                                                (1, 8192, 8192), (1, 2**31, 1), (0, 5, 5), (1, 0, 9)])
+@harness.reference_check  # transpose_grid is given
 def test_transpose_grid(batch, rows, cols):
     across, down, blocks = LAB.module.transpose_grid(batch, rows, cols)
     tile = LAB.module.tile_layout()["tile"]
@@ -67,49 +88,57 @@ def test_transpose_grid(batch, rows, cols):
 
 def column_read_banks(row_stride: int) -> list[int]:
     """Lanes per bank when lane i reads tile[i][0] of a tile whose rows are row_stride floats apart."""
-    hits = [0] * BANKS
-    for lane in range(WARP):
-        hits[(lane * row_stride) % BANKS] += 1
+    layout = tile_layout()
+    banks = layout["banks"]
+    hits = [0] * banks
+    for lane in range(layout["warp_size"]):
+        hits[(lane * row_stride) % banks] += 1
     return hits
 
 
+@harness.reference_check  # kTile and kBlockRows are given
 def test_tile_shape_is_derived_from_the_hardware():
-    layout = LAB.module.tile_layout()
-    tile, block_rows = layout["tile"], layout["block_rows"]
-    assert tile == WARP, f"a tile row should be one warp wide (32 floats = 128 B, one line), got {tile}"
+    layout = tile_layout()
+    tile, block_rows, warp = layout["tile"], layout["block_rows"], layout["warp_size"]
+    assert tile == warp, f"a tile row should be one warp wide ({warp} floats = {4 * warp} B, one line), got {tile}"
     threads = tile * block_rows
-    assert threads % WARP == 0 and threads <= 1024 and tile % block_rows == 0, (
+    assert threads % warp == 0 and threads <= 1024 and tile % block_rows == 0, (
         f"a {tile} x {block_rows} block: whole warps, at most 1024 threads, a whole number of rows per thread")
 
 
+@harness.tasks("lab02.3")
 def test_padded_tile_is_conflict_free():
     """The padded kernel's shared tile must let a warp read a column in one pass: 32 lanes, 32 banks."""
-    layout = LAB.module.tile_layout()
-    stride, tile = layout["padded_row_stride"], layout["tile"]
+    layout = tile_layout()
+    stride, tile, bank_count = layout["padded_row_stride"], layout["tile"], layout["banks"]
     hits = column_read_banks(stride)
     worst = max(hits)
-    shared_bytes = tile * stride * BANK_BYTES
+    shared_bytes = tile * stride * layout["bank_bytes"]
+    t4_blocks = 1024 // (tile * layout["block_rows"])  # the blocks a T4's 1024 resident threads make
     if worst > 1:
         banks = [b for b, n in enumerate(hits) if n]
         raise harness.GradeFailure(
             f"padded tile: rows are {stride} floats apart, so a warp reading a column (lane i reads tile[i][c]) "
             f"lands {worst} lanes in one bank (banks used: {banks[:8]}{'...' if len(banks) > 8 else ''}): "
             f"a {worst}-way bank conflict, {worst} cycles instead of 1\n"
-            f"  hint: tile[i][c] is in bank (i * row_stride + c) mod 32; which row strides make i * row_stride mod 32 take 32 different values for i = 0..31?"
-            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab02.3",)))
+            f"  hint: tile[i][c] is in bank (i * row_stride + c) mod {bank_count}; which row strides make "
+            f"i * row_stride mod {bank_count} take {tile} different values for i = 0..{tile - 1}?")
     assert stride >= tile, f"the padded tile's rows ({stride} floats) must hold a whole tile row of {tile}"
-    assert shared_bytes * 8 <= 64 * 1024, (
-        f"the padded tile takes {shared_bytes} B; 8 blocks per SM must fit a T4's 64 KiB of shared memory")
+    assert shared_bytes * t4_blocks <= 64 * 1024, (
+        f"the padded tile takes {shared_bytes} B; {t4_blocks} blocks per SM must fit a T4's 64 KiB of shared memory")
 
 
+@harness.reference_check  # the plain tiled kernel's row stride is given
 def test_unpadded_tile_has_the_conflict_the_lesson_measures():
-    stride = LAB.module.tile_layout()["tiled_row_stride"]
-    assert max(column_read_banks(stride)) == WARP, (
-        f"the plain tiled kernel should keep its unpadded {stride}-float rows, so the lesson can measure the 32-way conflict")
+    layout = tile_layout()
+    stride, warp = layout["tiled_row_stride"], layout["warp_size"]
+    assert max(column_read_banks(stride)) == warp, (
+        f"the plain tiled kernel should keep its unpadded {stride}-float rows, so the lesson can measure the {warp}-way conflict")
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
 @pytest.mark.parametrize("kernel", KERNELS)
+@harness.reference_check  # the device check comes before the lab02.1 region
 def test_refuses_cpu_tensor(kernel):
     LAB.assert_raises_clearly(lambda: run(kernel, torch.ones(4, 4)), must_mention=("CUDA",),
                               case=f"{kernel}_transpose(x on the CPU)")
@@ -118,18 +147,18 @@ def test_refuses_cpu_tensor(kernel):
 # ---------------------------------------------------------------- GPU: correctness
 @requires_gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", kernel_params())
 def test_transpose(kernel, shape):
     x = random_tensor(shape, FP32)
     poison_allocator(x.numel(), FP32)
     out = run(kernel, x)
     torch.cuda.synchronize()
     LAB.assert_close(out, transposed(x), case=f"{kernel}_transpose shape {shape_id(shape)}, fp32", tol=tolerance(FP32),
-                     tasks=KERNELS[kernel], tile=TILE, hint=HINT)
+                     tile=tile_shape(), hint=HINT)
 
 
 @requires_gpu
-@pytest.mark.parametrize("kernel", ["tiled", "padded"])
+@pytest.mark.parametrize("kernel", kernel_params("tiled", "padded"))
 def test_transpose_repeatedly(kernel):
     """Races show up now and then: many tiles, several runs, each compared in full."""
     x = random_tensor((16, 1000, 1000), FP32)
@@ -139,7 +168,7 @@ def test_transpose_repeatedly(kernel):
         out = run(kernel, x)
         torch.cuda.synchronize()
         LAB.assert_close(out, want, case=f"{kernel}_transpose shape 16x1000x1000, run {attempt + 1} of 5",
-                         tol=tolerance(FP32), tasks=KERNELS[kernel], tile=TILE, hint=HINT)
+                         tol=tolerance(FP32), tile=tile_shape(), hint=HINT)
 
 
 def strided_views():
@@ -158,7 +187,7 @@ def strided_views():
 
 
 @requires_gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", kernel_params())
 def test_noncontiguous_input(kernel):
     """Views are handled through their strides, with no copy and no refusal."""
     for name, x in strided_views():
@@ -167,35 +196,38 @@ def test_noncontiguous_input(kernel):
         out = run(kernel, x)
         torch.cuda.synchronize()
         LAB.assert_close(out, transposed(x), case=f"{kernel}_transpose of {name}, shape {shape_id(x.shape)}",
-                         tol=tolerance(FP32), tasks=KERNELS[kernel], tile=TILE,
+                         tol=tolerance(FP32), tile=tile_shape(),
                          hint="element (b, r, c) of x is at b * x.stride(0) + r * x.stride(-2) + c * x.stride(-1); "
                               "pass the strides torch reports instead of assuming a contiguous layout")
 
 
 @requires_gpu
 @pytest.mark.parametrize("shape", [(0, 5), (5, 0), (3, 0, 7), (0, 4, 4)], ids=shape_id)
+@harness.tasks("lab02.1")  # the output's shape; launch_transpose (given) launches nothing for an empty grid
 def test_empty_input(shape):
     x = torch.empty(shape, device="cuda")
     for kernel in KERNELS:
         out = run(kernel, x)
         want = tuple(shape[:-2]) + (shape[-1], shape[-2])
         assert tuple(out.shape) == want, (
-            f"{kernel}_transpose of an empty {shape_id(shape)} tensor returned shape {tuple(out.shape)}, expected {want}"
-            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab02.1",)))
+            f"{kernel}_transpose of an empty {shape_id(shape)} tensor returned shape {tuple(out.shape)}, "
+            f"expected {want}")
 
 
 @requires_gpu
+@harness.tasks(*KERNELS["padded"])
 def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     source = random_tensor((4, 512, 768), FP32)
     out = LAB.capture_on_current_stream(lambda: LAB.module.padded_transpose(source), inputs=source,
-                                        case="padded_transpose", tasks=("lab02.1",))
+                                        case="padded_transpose")
     LAB.assert_close(out, transposed(source), case="padded_transpose replayed from a CUDA graph", tol=tolerance(FP32),
-                     tasks=("lab02.1",), tile=TILE, hint=harness.STREAM_HINT)
+                     tile=tile_shape(), hint=harness.STREAM_HINT)
 
 
 @requires_gpu
 @pytest.mark.parametrize("kernel", KERNELS)
+@harness.reference_check  # the dtype and dimension checks come before the lab02.1 region
 def test_input_errors(kernel):
     x = random_tensor((33, 17), FP32)
     LAB.assert_raises_clearly(lambda: run(kernel, x.double()), must_mention=("dtype", "float"),
@@ -232,7 +264,7 @@ def perf_case(kernel: str, *, against: str, student_bar: float, target: float):
 
     def verify():
         LAB.assert_close(last["out"], x.transpose(-2, -1), case=f"{kernel}_transpose: the output of the timed calls",
-                         tol=tolerance(FP32), tasks=KERNELS[kernel], tile=TILE, hint=HINT)
+                         tol=tolerance(FP32), tile=tile_shape(), hint=HINT)
 
     LAB.perf(name=f"{kernel} transpose {shape_id(PERF_SHAPE)} fp32 vs {against}", ours=ours, baseline=baseline,
              baseline_name=baseline_name, bytes_moved=PERF_BYTES, student_bar=student_bar, target=target, verify=verify)
@@ -240,6 +272,7 @@ def perf_case(kernel: str, *, against: str, student_bar: float, target: float):
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*KERNELS["naive"])
 def test_perf_naive_vs_copy():
     """The given naive kernel: the bottom rung of the ladder, only held to a sanity floor."""
     perf_case("naive", against="copy", student_bar=0.08, target=0.1)  # measured 0.13x on an H200 (2026-11-21)
@@ -247,6 +280,7 @@ def test_perf_naive_vs_copy():
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*KERNELS["tiled"])
 def test_perf_tiled_vs_copy():
     """Coalesced on both sides, but every column read of the tile is a 32-way bank conflict, which
     caps it near 2 TB/s on an H100 or H200 (132 SMs x ~1.9 GHz x 8 KiB per 1024 bank passes):
@@ -256,6 +290,7 @@ def test_perf_tiled_vs_copy():
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*KERNELS["padded"])
 def test_perf_padded_vs_copy():
     """The SYLLABUS target: >= 0.85x copy bandwidth. The student bar (0.75) sits above what a
     bank-conflicted tile reaches (~0.6x on an H100, ~0.5x on an H200), so an unpadded tile fails it."""
@@ -264,6 +299,7 @@ def test_perf_padded_vs_copy():
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*KERNELS["padded"])
 def test_perf_padded_vs_torch_transpose():
     """PyTorch's own transpose-and-copy, the op this kernel would replace: at least as fast."""
     perf_case("padded", against="torch", student_bar=0.8, target=1.0)

@@ -11,9 +11,6 @@ from harness import notebooks, poison_allocator, random_tensor, requires_gpu, to
 LAB = harness.lab("03")
 FP32, BF16 = torch.float32, torch.bfloat16
 DTYPES = [FP32, BF16]
-WARP = 32
-THREADS = 256  # the solution's block size (reduce::kThreadsPerBlock)
-VECTOR_BYTES = 16  # the width of one vector load
 # (name, multiprocessors, resident 256-thread blocks per multiprocessor) of GPUs students use.
 GPUS = [("T4", 40, 4), ("A100", 108, 8), ("H100", 132, 8)]
 
@@ -27,6 +24,23 @@ SUM_HINT = ("a result off by a little: elements lost (the tail of fewer than a v
 ROW_HINT = ("every thread of a row (its warp, or its block for rows longer than 1024) must take part in both "
             "all-reduces, see the same m before the second sweep, and cover the row's elements exactly once")
 
+# Points per task (of 100), by the work each is: the warp all-reduce is five shuffles; the block
+# all-reduce adds shared memory and two barriers; the sum is the vectorized grid-stride loop with
+# its head and tail, and its grid; the row statistics, two sweeps and two all-reduces per row.
+POINTS = {"lab03.1": 15, "lab03.2": 25, "lab03.3": 35, "lab03.4": 25}
+SUM_TASKS = ("lab03.1", "lab03.2", "lab03.3")  # the sum's kernels use the warp and block all-reduce
+
+
+def row_tasks(cols: int) -> tuple[str, ...]:
+    """The tasks row_stats needs for rows of `cols`: a warp per row, or a block (lab03.2) past 1024."""
+    return ("lab03.1", "lab03.4") if cols <= 1024 else ("lab03.1", "lab03.2", "lab03.4")
+
+
+def constants() -> dict:
+    """The numbers the kernels are built with ({warp_size, threads_per_block, vector_bytes, longest_warp_row}),
+    from the lab itself: read inside the tests, so a lab that does not build fails each test rather than the import."""
+    return LAB.module.constants()
+
 
 def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
@@ -37,7 +51,7 @@ def shape_id(shape) -> str:
 
 
 def vector_elems(dtype) -> int:
-    return VECTOR_BYTES // torch.empty((), dtype=dtype).element_size()
+    return constants()["vector_bytes"] // torch.empty((), dtype=dtype).element_size()
 
 
 def sum_tolerance(x64: torch.Tensor) -> float:
@@ -54,23 +68,27 @@ def sum_tolerance(x64: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------- builds
+@harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
-    for name in ("sum", "sum_atomic", "warp_sums", "warp_maxes", "row_stats", "sum_grid", "row_stats_threads_per_row"):
+    for name in ("sum", "sum_atomic", "warp_sums", "warp_maxes", "row_stats", "sum_grid", "row_stats_threads_per_row",
+                 "constants"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
 
 
 # ---------------------------------------------------------------- CPU-side: the sum's grid
 @pytest.mark.parametrize("gpu, sm_count, blocks_per_sm", GPUS, ids=[g[0] for g in GPUS])
 @pytest.mark.parametrize("n", [1, 31, 4097, 2**28 + 5, 2**40])
+@harness.tasks("lab03.3")
 def test_sum_grid(gpu, sm_count, blocks_per_sm, n):
     blocks, threads = LAB.module.sum_grid(n, sm_count, blocks_per_sm)
     one_wave = sm_count * blocks_per_sm
-    case = (f"sum_grid(n={n}) on a {gpu} ({sm_count} SMs x {blocks_per_sm} resident blocks of {THREADS} threads) "
+    block_size = constants()["threads_per_block"]
+    case = (f"sum_grid(n={n}) on a {gpu} ({sm_count} SMs x {blocks_per_sm} resident blocks of {block_size} threads) "
             f"gave {blocks} blocks x {threads} threads")
     problems = []
-    if threads != THREADS:
-        problems.append(f"use kThreadsPerBlock = {THREADS} threads: the occupancy figure resident_blocks_per_sm "
+    if threads != block_size:
+        problems.append(f"use kThreadsPerBlock = {block_size} threads: the occupancy figure resident_blocks_per_sm "
                         "was computed for blocks of that size")
     if not 1 <= blocks <= one_wave:
         problems.append(f"blocks must be between 1 and one wave, {sm_count} x {blocks_per_sm} = {one_wave}: more blocks "
@@ -80,18 +98,23 @@ def test_sum_grid(gpu, sm_count, blocks_per_sm, n):
     if blocks * threads < min(n, one_wave * threads):
         problems.append(f"too few threads to fill the GPU: one wave is {one_wave} blocks")
     if problems:
-        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems)
-                                   + harness.check.todo_note(LAB.lab, LAB.tree, ("lab03.3",)))
+        raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems))
 
 
-@pytest.mark.parametrize("cols, threads", [(1, WARP), (1000, WARP), (1024, WARP), (1025, THREADS), (8192, THREADS)])
-def test_row_stats_threads_per_row(cols, threads):
+@pytest.mark.parametrize("length", ["1", "longest", "longest+1", "8x-longest"])
+@harness.reference_check  # row_stats_threads_per_row is given
+def test_row_stats_threads_per_row(length):
+    c = constants()
+    longest = c["longest_warp_row"]  # the longest row a warp takes
+    cols = {"1": 1, "longest": longest, "longest+1": longest + 1, "8x-longest": 8 * longest}[length]
+    threads = c["warp_size"] if cols <= longest else c["threads_per_block"]
     got = LAB.module.row_stats_threads_per_row(cols)
-    assert got == threads, f"row_stats_threads_per_row({cols}) = {got}, expected {threads} (a warp up to 1024 columns)"
+    assert got == threads, f"row_stats_threads_per_row({cols}) = {got}, expected {threads} (a warp up to {longest} columns)"
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
 @pytest.mark.parametrize("name", ["sum", "sum_atomic", "warp_sums", "row_stats"])
+@harness.reference_check  # the wrapper's checks are given
 def test_refuses_cpu_tensor(name):
     LAB.assert_raises_clearly(lambda: getattr(LAB.module, name)(torch.ones(4, 4)), must_mention=("CUDA",),
                               case=f"{name}(x on the CPU)")
@@ -102,18 +125,20 @@ def test_refuses_cpu_tensor(name):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("op", ["sum", "max"])
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 4097, 2**20 + 7])
+@harness.tasks("lab03.1")
 def test_warp_reduce(n, op, dtype):
     x = random_tensor((n,), dtype)
-    segments = -(-n // WARP)
+    warp = constants()["warp_size"]
+    segments = -(-n // warp)
     identity = 0.0 if op == "sum" else float("-inf")
-    padded = torch.full((segments * WARP,), identity, dtype=torch.float64, device="cuda")
+    padded = torch.full((segments * warp,), identity, dtype=torch.float64, device="cuda")
     padded[:n] = x.double()
-    ref = padded.view(segments, WARP).sum(1) if op == "sum" else padded.view(segments, WARP).amax(1)
+    ref = padded.view(segments, warp).sum(1) if op == "sum" else padded.view(segments, warp).amax(1)
     poison_allocator(segments, FP32)
     out = LAB.module.warp_sums(x) if op == "sum" else LAB.module.warp_maxes(x)
     torch.cuda.synchronize()
-    LAB.assert_close(out, ref, case=f"warp_{op} of n={n} ({segments} segments of 32, the last lane writes), {dtype_name(dtype)}",
-                     tol=tolerance(FP32, WARP), tasks=("lab03.1",), hint=WARP_HINT)
+    LAB.assert_close(out, ref, case=f"warp_{op} of n={n} ({segments} segments of {warp}, the last lane writes), {dtype_name(dtype)}",
+                     tol=tolerance(FP32, warp), hint=WARP_HINT)
 
 
 # ---------------------------------------------------------------- GPU: the full sum
@@ -124,9 +149,9 @@ LARGE = pytest.mark.large
 SUM_CASES = [(1, 0), (31, 0), (33, 0), (4097, 0), (4097, 1), (2**20 + 3, 3), (2**24 + 1, 0), (2**28 + 5, 0)]
 
 
-def check_sum(out, x, case, tasks=("lab03.1", "lab03.2", "lab03.3")):
+def check_sum(out, x, case):
     x64 = x.double()
-    LAB.assert_close(out, x64.sum(), case=case, tol=sum_tolerance(x64), tasks=tasks, hint=SUM_HINT)
+    LAB.assert_close(out, x64.sum(), case=case, tol=sum_tolerance(x64), hint=SUM_HINT)
 
 
 def sum_case(name, x, offset, dtype, blocks=0):
@@ -140,6 +165,7 @@ def sum_case(name, x, offset, dtype, blocks=0):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("n, offset", [pytest.param(n, o, id=f"{n}{f'+off{o}' if o else ''}", marks=[LARGE] if n >= 2**24 else [])
                                        for n, o in SUM_CASES])
+@harness.tasks(*SUM_TASKS)
 def test_sum(n, offset, dtype):
     x = random_tensor((n + offset,), dtype)[offset:]
     poison_allocator(1, FP32)
@@ -151,6 +177,7 @@ def test_sum(n, offset, dtype):
 @requires_gpu
 @pytest.mark.parametrize("blocks", [1, 7])
 @pytest.mark.parametrize("n", [33, 4097, 2**20 + 3])
+@harness.tasks(*SUM_TASKS)
 def test_sum_any_grid(n, blocks):
     """A grid-stride loop must cover every element whatever the grid."""
     x = random_tensor((n,), FP32)
@@ -163,6 +190,7 @@ def test_sum_any_grid(n, blocks):
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("n", [pytest.param(2**24 + 3, marks=LARGE), pytest.param(2**28 + 5, marks=LARGE)])
+@harness.tasks(*SUM_TASKS)
 def test_sum_is_bitwise_deterministic(n, dtype):
     """The same input gives the same bits on every run: the guarantee of the two-pass sum."""
     runs = 8
@@ -175,14 +203,14 @@ def test_sum_is_bitwise_deterministic(n, dtype):
                 f"sum of the same {n} {dtype_name(dtype)} elements gave {first.item()!r} on run 1 and {again.item()!r} "
                 f"on run {run}: not bitwise identical\n  hint: a deterministic sum fixes the order of every add: "
                 "per-block partials stored to memory, then ONE block that sums them in a fixed order; atomicAdd on "
-                "floats adds in whatever order the blocks finish, and float addition is not associative"
-                + harness.check.todo_note(LAB.lab, LAB.tree, ("lab03.2", "lab03.3")))
+                "floats adds in whatever order the blocks finish, and float addition is not associative")
     check_sum(first, x, sum_case("sum (the repeated runs)", x, 0, dtype))
 
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("n", [1, 33, 4097, pytest.param(2**24 + 3, marks=LARGE)])
+@harness.tasks(*SUM_TASKS)
 def test_sum_atomic(n, dtype):
     """Correct to rounding; its low bits may vary from run to run (the lesson shows it), so no bitwise check."""
     x = random_tensor((n,), dtype)
@@ -192,6 +220,7 @@ def test_sum_atomic(n, dtype):
 
 
 @requires_gpu
+@harness.reference_check  # empty inputs return before any kernel, in given code
 def test_empty_input():
     for name in ("sum", "sum_atomic"):
         out = getattr(LAB.module, name)(torch.empty(0, device="cuda"))
@@ -202,6 +231,7 @@ def test_empty_input():
 
 
 @requires_gpu
+@harness.reference_check  # the wrapper's checks are given
 def test_sum_input_errors():
     x = random_tensor((33, 17), FP32)
     for name in ("sum", "sum_atomic"):
@@ -222,28 +252,28 @@ def check_row_stats(m, s, x, case):
     ref_m = x64.amax(-1)
     ref_s = torch.exp(x64 - ref_m.unsqueeze(-1)).sum(-1)
     cols = x.shape[-1]
-    tasks = ("lab03.1", "lab03.2", "lab03.4")
     # max is exact in any order; the sum of exp's positive terms has no cancellation.
-    LAB.assert_close(m, ref_m, case=f"{case}: row max", tol=tolerance(FP32, cols), tasks=tasks, hint=ROW_HINT)
-    LAB.assert_close(s, ref_s, case=f"{case}: row sum of exp(x - max)", tol=tolerance(FP32, cols), tasks=tasks,
-                     hint=ROW_HINT)
+    LAB.assert_close(m, ref_m, case=f"{case}: row max", tol=tolerance(FP32, cols), hint=ROW_HINT)
+    LAB.assert_close(s, ref_s, case=f"{case}: row sum of exp(x - max)", tol=tolerance(FP32, cols), hint=ROW_HINT)
 
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-@pytest.mark.parametrize("shape", ROW_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("shape", [pytest.param(s, id=shape_id(s), marks=harness.tasks(*row_tasks(s[-1])))
+                                   for s in ROW_SHAPES])
 def test_row_stats(shape, dtype):
     x = random_tensor(shape, dtype) * 3  # a spread of a few units: exp(x - m) spans many orders of magnitude
     rows, cols = x.numel() // shape[-1], shape[-1]
     poison_allocator(2 * rows, FP32)
     m, s = LAB.module.row_stats(x)
     torch.cuda.synchronize()
-    per_row = "one warp" if cols <= 1024 else "one block"
+    per_row = "one warp" if cols <= constants()["longest_warp_row"] else "one block"
     check_row_stats(m, s, x, f"row_stats of {shape_id(shape)} {dtype_name(dtype)} ({per_row} per row)")
 
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@harness.tasks(*row_tasks(1000))
 def test_row_stats_unaligned_rows(dtype):
     """A contiguous view that starts one element into its storage: rows are not 16-byte aligned,
     so the vector loads must not be used (the solution falls back to one element per load)."""
@@ -256,6 +286,7 @@ def test_row_stats_unaligned_rows(dtype):
 
 
 @requires_gpu
+@harness.reference_check  # the wrapper's checks are given
 def test_row_stats_input_errors():
     x = random_tensor((33, 17), FP32)
     rs = LAB.module.row_stats
@@ -267,6 +298,7 @@ def test_row_stats_input_errors():
 
 
 @requires_gpu
+@harness.tasks(harness.ALL)  # the sum, and row_stats with a warp per row
 def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     source = random_tensor((1024, 1000), FP32)
@@ -284,6 +316,7 @@ ROWS_PERF = (8192, 8192)  # 256 MiB of float32
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*SUM_TASKS)
 def test_perf_sum():
     x = random_tensor((SUM_PERF_N,), FP32)
     last = {}
@@ -300,6 +333,7 @@ def test_perf_sum():
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*row_tasks(ROWS_PERF[1]))
 def test_perf_row_stats():
     """Ours reads x once (the second sweep hits the cache); PyTorch's amax, subtract, exp and sum
     each make a pass over memory, and two of them write a full-size temporary."""
@@ -331,13 +365,16 @@ MUTANTS = [
     # Butterfly steps 8, 4, 2, 1 only: each half-warp reduces on its own and lanes 0-15 never meet 16-31.
     harness.Mutant("lost-lanes-in-shuffle", "reduce.cuh", "for (int offset = kWarpSize / 2; offset > 0;",
                    "for (int offset = kWarpSize / 4; offset > 0;", tests="test_warp_reduce", expect="all 32 lanes"),
-    # Warp 0 combines the per-warp results before the other warps have written theirs.
+    # Every warp combines the per-warp results itself; without the barrier after lane 0 of each warp stores its
+    # warp's result, a fast warp reads warp_results before the slower warps have written theirs (stale or unset
+    # slots), so a block's sum misses some warps' partials.
     harness.Mutant("race-on-shared-partials", "reduce.cuh",
                    "  __syncthreads();  // every warp's result is in shared memory before any warp reads them\n", "",
                    tests="test_sum and not atomic and not grid", expect="__syncthreads"),
     harness.Mutant("lost-tail", "sum.cu", "  if (thread < n - tail_start) acc[0] += reduce::to_float(x[tail_start + thread]);\n",
                    "", tests="test_sum and not atomic and not grid", expect="tail elements"),
-    harness.Mutant("grid-not-one-wave", "sum.cu", "std::min(needed_blocks, one_wave)", "needed_blocks",
+    harness.Mutant("grid-not-one-wave", "sum.cu", "std::min(needed_blocks, one_wave))), kThreadsPerBlock}",
+                   "needed_blocks)), kThreadsPerBlock}",
                    tests="test_sum_grid", expect="more blocks than fit on the GPU at once", needs_gpu=False),
     # The atomic path under the deterministic name: results are right to rounding, but their low bits vary
     # with the order in which ~1000 blocks finish (caught whenever two of the 8 runs differ).

@@ -14,33 +14,50 @@ FP32 = torch.float32
 
 
 class Rung:
-    def __init__(self, number, name, tile, tasks, hint):
-        self.number, self.name, self.tile, self.tasks, self.hint = number, name, tile, tasks, hint
+    def __init__(self, number, name, tasks, hint):
+        self.number, self.name, self.tasks, self.hint = number, name, tasks, hint
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        """The tile of C one block computes (rows, cols), for locating wrong elements: from the lab itself,
+        read when a test needs it, so a lab that does not build fails each test rather than the import."""
+        return tuple(LAB.module.tiles()[self.number])
 
     def __repr__(self):
         return f"k{self.number}-{self.name.replace(' ', '-')}"
 
 
 _GUARDS = "loads outside A or B must read 0 (zero-fill), and stores outside C must be skipped"
-# The ladder: number, name (as the perf cases and the lesson call it), the block's tile of C (for
-# locating wrong elements), the tasks each kernel needs, and a hint for when it is wrong.
+# The ladder: number, name (as the perf cases and the lesson call it), the tasks each kernel needs,
+# and a hint for when it is wrong.
 LADDER = [
-    Rung(1, "naive", (32, 32), (), "one thread per C[row, col]; rows past M or columns past N return"),
-    Rung(2, "coalesced", (32, 32), (), "threadIdx.x walks along a row of C"),
-    Rung(3, "smem tiles", (32, 32), ("lab04.1",),
+    Rung(1, "naive", (), "one thread per C[row, col]; rows past M or columns past N return"),
+    Rung(2, "coalesced", (), "threadIdx.x walks along a row of C"),
+    Rung(3, "smem tiles", ("lab04.1",),
          "each step k0: a_tile[ty][tx] = A[row, k0 + tx], b_tile[ty][tx] = B[k0 + ty, col], a __syncthreads() after "
          "the loads and another after the products; " + _GUARDS),
-    Rung(4, "1D register blocking", (64, 64), (), _GUARDS),
-    Rung(5, "2D register blocking", (128, 128), ("lab04.2",),
+    Rung(4, "1D register blocking", (), _GUARDS),
+    Rung(5, "2D register blocking", ("lab04.2",),
          "pass p loads tile rows a_row + p * kRowsPerPassA and b_row + p * kRowsPerPassB; acc[i][j] is "
          "C[row0 + thread_row + i, col0 + thread_col + j]; " + _GUARDS),
     # Kernels 6 and 7 run kernel 5 when can_vectorize() says no (and its stub always says no).
-    Rung(6, "vectorized", (128, 128), ("lab04.2", "lab04.3"),
+    Rung(6, "vectorized", ("lab04.2", "lab04.3"),
          "float4 loads and stores need K and N multiples of 4 and 16-byte-aligned A, B and C: otherwise kernel 5 runs"),
-    Rung(7, "warp tiling", (128, 128), ("lab04.2", "lab04.3"),
+    Rung(7, "warp tiling", ("lab04.2", "lab04.3"),
          "float4 loads and stores need K and N multiples of 4 and 16-byte-aligned A, B and C: otherwise kernel 5 runs"),
 ]
 RUNG = {r.number: r for r in LADDER}
+# Points per task (of 100), by the work each is: the shared-memory tile loop; the 2D register-blocked
+# kernel, the lab's main work; can_vectorize, a few lines of alignment arithmetic.
+POINTS = {"lab04.1": 35, "lab04.2": 50, "lab04.3": 15}
+
+
+def rung_marks(rung):
+    """A rung's parameter marks: the tasks its kernel needs, or reference_check for a given kernel (1, 2, 4)."""
+    return harness.tasks(*rung.tasks) if rung.tasks else harness.reference_check
+
+
+RUNGS = [pytest.param(rung, id=repr(rung), marks=rung_marks(rung)) for rung in LADDER]
 # (M, N, K): tiny, odd, not multiples of any tile, square and very rectangular. 1000 and 36 are
 # multiples of 4 (kernels 6 and 7 take their float4 path with partial tiles); 33, 4097 and 65 are not.
 SHAPES = [
@@ -54,9 +71,10 @@ def shape_id(shape) -> str:
     return "x".join(map(str, shape))
 
 
+@harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
-    for name in ("matmul", "kernels", "can_vectorize"):
+    for name in ("matmul", "kernels", "tiles", "can_vectorize"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
     names = LAB.module.kernels()
     assert sorted(names) == [r.number for r in LADDER], f"kernels() lists {names}, expected kernels 1 ... 7"
@@ -71,6 +89,7 @@ OFFSETS = [(0, 0, 0), (4, 0, 0), (0, 8, 0), (0, 0, 12), (16, 32, 48), (2, 0, 0)]
 
 @pytest.mark.parametrize("offsets", OFFSETS, ids=lambda o: "a+{}-b+{}-c+{}".format(*o))
 @pytest.mark.parametrize("shape", VECTOR_SHAPES, ids=shape_id)
+@harness.tasks("lab04.3")
 def test_can_vectorize(shape, offsets):
     M, N, K = shape
     a, b, c = (BASE + i * 2**30 + off for i, off in enumerate(offsets))
@@ -91,16 +110,18 @@ def test_can_vectorize(shape, offsets):
         why = ("\n  " + "\n  ".join(reasons)) if reasons else (
             "\n  every float4 is whole and 16-byte aligned here (K and N multiples of 4, A, B and C aligned): "
             "saying no runs the slower kernel 5")
-        raise harness.GradeFailure(f"{case}, expected {want}:{why}" + harness.check.todo_note(LAB.lab, LAB.tree, ("lab04.3",)))
+        raise harness.GradeFailure(f"{case}, expected {want}:{why}")
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+@harness.reference_check  # the wrapper's checks are given
 def test_refuses_cpu_tensors():
     LAB.assert_raises_clearly(lambda: LAB.module.matmul(torch.ones(4, 4), torch.ones(4, 4), 3), must_mention=("CUDA",),
                               case="matmul(a, b on the CPU)")
 
 
 @pytest.mark.parametrize("kernel", [0, 8, -1])
+@harness.reference_check
 def test_refuses_unknown_kernel(kernel):
     LAB.assert_raises_clearly(lambda: LAB.module.matmul(torch.ones(4, 4), torch.ones(4, 4), kernel),
                               must_mention=("kernel",), case=f"matmul(a, b, kernel={kernel})")
@@ -117,12 +138,12 @@ def _run_and_check(rung, a, b, inputs="", hint=None, expected=None):
     torch.cuda.synchronize()
     LAB.assert_close(c, a.double() @ b.double() if expected is None else expected,
                      case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}{inputs}", tol=tolerance(FP32, K),
-                     tasks=rung.tasks, tile=rung.tile, hint=rung.hint if hint is None else hint)
+                     tile=rung.tile, hint=rung.hint if hint is None else hint)
 
 
 @requires_gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@pytest.mark.parametrize("rung", LADDER, ids=repr)
+@pytest.mark.parametrize("rung", RUNGS)
 def test_matmul(rung, shape):
     M, N, K = shape
     a, b = random_tensor((M, K), FP32), random_tensor((K, N), FP32)
@@ -131,7 +152,7 @@ def test_matmul(rung, shape):
 
 
 @requires_gpu
-@pytest.mark.parametrize("rung", LADDER, ids=repr)
+@pytest.mark.parametrize("rung", RUNGS)
 def test_matmul_many_tiles_of_k(rung):
     """A long K: hundreds of tile loads per block, each a chance for a missing __syncthreads to race."""
     M, N, K = 512, 512, 4096
@@ -157,11 +178,11 @@ def _in_nan_band(rows, cols, band):
 
 @requires_gpu
 @pytest.mark.parametrize("shape", [(17, 33, 65), (129, 260, 36), (33, 100, 131)], ids=shape_id)
-@pytest.mark.parametrize("rung", LADDER, ids=repr)
+@pytest.mark.parametrize("rung", RUNGS)
 def test_matmul_guard_bands(rung, shape):
     """A and B sit between NaNs: a kernel that reads outside them multiplies a NaN into C."""
     M, N, K = shape
-    band = 4 * 32 * max(M, N, K)  # past any tile's overhang
+    band = max(max(r.tile) for r in LADDER) * max(M, N, K)  # past the largest tile's overhang
     a, b = _in_nan_band(M, K, band), _in_nan_band(K, N, band)
     _run_and_check(rung, a, b, ", A and B surrounded by NaN",
                    hint="NaN in C here means the kernel read outside A or B: an edge tile's loads must be guarded "
@@ -170,7 +191,7 @@ def test_matmul_guard_bands(rung, shape):
 
 
 @requires_gpu
-@pytest.mark.parametrize("rung", LADDER, ids=repr)
+@pytest.mark.parametrize("rung", RUNGS)
 def test_matmul_misaligned(rung):
     """Contiguous views that start 4 bytes past a 16-byte boundary (x[1:]): kernels 6 and 7 must fall back."""
     M, N, K = 64, 128, 96
@@ -181,6 +202,7 @@ def test_matmul_misaligned(rung):
 
 @requires_gpu
 @pytest.mark.parametrize("rung", LADDER, ids=repr)
+@harness.reference_check  # the wrapper (given) returns before any kernel when M, N or K is 0
 def test_empty(rung):
     a, b = random_tensor((5, 0), FP32), random_tensor((0, 7), FP32)
     poison_allocator(35, FP32)
@@ -190,6 +212,7 @@ def test_empty(rung):
 
 
 @requires_gpu
+@harness.tasks(harness.ALL)
 def test_runs_on_current_stream():
     """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
     a = random_tensor((256, 256), FP32)
@@ -197,11 +220,12 @@ def test_runs_on_current_stream():
                                          inputs=a, case="every kernel of the ladder")
     for rung in LADDER:
         LAB.assert_close(outs[rung.number], a.double() @ a.double(), case=f"kernel {rung.number} replayed from a CUDA graph",
-                         tol=tolerance(FP32, 256), tasks=rung.tasks, hint=harness.STREAM_HINT)
+                         tol=tolerance(FP32, 256), hint=harness.STREAM_HINT)
 
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error
 @requires_gpu
+@harness.reference_check  # the wrapper's checks are given
 def test_refuses_non_contiguous():
     """Only row-major, gap-free matrices: a transposed or sliced view is refused, never read in the wrong order."""
     a, b = random_tensor((64, 48), FP32), random_tensor((48, 32), FP32)
@@ -215,6 +239,7 @@ def test_refuses_non_contiguous():
 
 
 @requires_gpu
+@harness.reference_check
 def test_input_errors():
     a, b = random_tensor((33, 17), FP32), random_tensor((17, 9), FP32)
     LAB.assert_raises_clearly(lambda: LAB.module.matmul(a.double(), b, 5), must_mention=("dtype", "float"),
@@ -263,7 +288,9 @@ PERF_BARS = [(1, 0.004, 0.005), (2, 0.05, 0.08), (3, 0.08, 0.12), (4, 0.15, 0.25
 
 @requires_gpu
 @pytest.mark.perf
-@pytest.mark.parametrize("number, student_bar, target", PERF_BARS, ids=[f"k{n}" for n, _, _ in PERF_BARS])
+@pytest.mark.parametrize("number, student_bar, target", [
+    pytest.param(number, bar, target, id=f"k{number}", marks=rung_marks(RUNG[number]))
+    for number, bar, target in PERF_BARS])
 def test_perf(number, student_bar, target):
     rung = RUNG[number]
     a, b, expected = _perf_operands()
@@ -274,7 +301,7 @@ def test_perf(number, student_bar, target):
 
     def verify():
         LAB.assert_close(last["c"], expected, case=f"kernel {number}: the output of the timed calls",
-                         tol=tolerance(FP32, PERF), tasks=rung.tasks, tile=rung.tile)
+                         tol=tolerance(FP32, PERF), tile=rung.tile)
 
     with cublas_fp32():
         try:
@@ -282,8 +309,7 @@ def test_perf(number, student_bar, target):
                      baseline_name="torch.matmul fp32 (TF32 off)", flops=2 * PERF**3, student_bar=student_bar,
                      target=target, verify=verify, reps=5 if number <= 2 else 25)
         except harness.GradeFailure as failure:
-            raise harness.GradeFailure(f"{failure}\n  hint: {rung.hint}"
-                                       + harness.check.todo_note(LAB.lab, LAB.tree, rung.tasks)) from None
+            raise harness.GradeFailure(f"{failure}\n  hint: {rung.hint}") from None
 
 
 # ---------------------------------------------------------------- the notebook

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -24,7 +25,6 @@ from harness import notebooks, poison_allocator, poisoned, random_tensor, requir
 
 LAB = harness.lab("05")
 BF16, FP16 = torch.bfloat16, torch.float16
-TILE = (128, 128)  # the solution's block tile: failures name the tile of the first wrong element
 ALL_TASKS = ("lab05.1", "lab05.2", "lab05.3")
 # (M, N, K): M anything; N and K multiples of 8 (the contract). Edge tiles in every direction.
 SHAPES = [(1, 8, 8), (17, 40, 24), (31, 136, 72), (129, 264, 520), (1000, 1000, 1000)]
@@ -35,6 +35,29 @@ ACTIVATIONS = {
 }
 HINT = ("if every element is wrong, look at the fragments (lab05.1) and the k-step (lab05.2); if only some "
         "columns or rows are, at the epilogue's row/column arithmetic and its guards (lab05.3)")
+
+# Points per task (of 100), by the work each is: the fragment layouts are three small index maps;
+# the k-step (ldmatrix + mma over the warp's tile) is the lab's main work; the epilogue maps
+# accumulators to rows and columns with its guards, bias and activation.
+POINTS = {"lab05.1": 25, "lab05.2": 45, "lab05.3": 30}
+
+
+def constants() -> dict:
+    """The numbers the kernels are built with ({warp_size, shape_multiple}), from the lab itself: read
+    inside the tests, so a lab that does not build fails each test rather than the import."""
+    return LAB.module.constants()
+
+
+def block_tile() -> tuple[int, int]:
+    """The mma.sync kernel's block tile on this GPU: failures name the tile of the first wrong element."""
+    config = LAB.module.tile_config(torch.cuda.get_device_capability()[0])
+    return config["block_m"], config["block_n"]
+
+
+def wgmma_tile() -> tuple[int, int]:
+    """The Hopper path's block tile (linear_act_wgmma.cu)."""
+    config = LAB.module.wgmma_tile_config()
+    return config["block_m"], config["block_n"]
 
 
 def shape_id(shape) -> str:
@@ -63,20 +86,23 @@ def skip_without_bf16(dtype):
         pytest.skip("bfloat16 tensor cores need compute capability 8.0+; this GPU runs the float16 path only")
 
 
+@harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles and imports: checked on every machine, GPU or not."""
     for name in ("linear_act", "tile_config", "accumulator_position", "ldmatrix_a_source", "ldmatrix_b_source",
-                 "swizzled_chunk", "linear_act_wgmma", "wgmma_available"):
+                 "swizzled_chunk", "linear_act_wgmma", "wgmma_available", "wgmma_tile_config", "constants"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
 
 
 # ---------------------------------------------------------------- CPU-side: the fragment layout
+@harness.tasks("lab05.1")
 def test_accumulator_layout():
     """PTX ISA, 'Matrix Fragments for mma.m16n8k16', accumulators: lane = 4 * group + t holds
     (group, 2t), (group, 2t+1), (group+8, 2t), (group+8, 2t+1) in registers c0..c3."""
     owner = {}
     problems = []
-    for lane in range(32):
+    warp = constants()["warp_size"]
+    for lane in range(warp):
         for index in range(4):
             got = tuple(LAB.module.accumulator_position(lane, index))
             want = (lane // 4 + 8 * (index // 2), 2 * (lane % 4) + index % 2)
@@ -84,12 +110,11 @@ def test_accumulator_layout():
                 problems.append(f"lane {lane}, register c{index}: got (row, col) {got}, the PTX layout says {want}")
             owner.setdefault(got, []).append((lane, index))
     if len(owner) != 16 * 8 and not problems:
-        problems.append(f"the 32 lanes x 4 registers cover {len(owner)} of the 128 elements of the 16x8 tile")
+        problems.append(f"the {warp} lanes x 4 registers cover {len(owner)} of the 128 elements of the 16x8 tile")
     if problems:
         raise harness.GradeFailure(
             "accumulator_position:\n  " + "\n  ".join(problems)
-            + "\n  hint: group = lane / 4 picks the rows (group and group + 8), lane % 4 the column pair"
-            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab05.1",)))
+            + "\n  hint: group = lane / 4 picks the rows (group and group + 8), lane % 4 the column pair")
 
 
 # ldmatrix.x4: lanes 8i..8i+7 address the 8 rows of matrix i, which lands in register i. The
@@ -99,11 +124,13 @@ B_QUARTERS = [(0, 0), (0, 8), (8, 0), (8, 8)]  # (b0 b1) of n-tile 0, then of n-
 
 
 @pytest.mark.parametrize("operand", ["a", "b"])
+@harness.tasks("lab05.1")
 def test_ldmatrix_sources(operand):
     fn = getattr(LAB.module, f"ldmatrix_{operand}_source")
     quarters = A_QUARTERS if operand == "a" else B_QUARTERS
     problems = []
-    for lane in range(32):
+    warp = constants()["warp_size"]
+    for lane in range(warp):
         first_row, first_k = quarters[lane // 8]
         want = (first_row + lane % 8, first_k)
         got = tuple(fn(lane))
@@ -114,18 +141,23 @@ def test_ldmatrix_sources(operand):
                 if operand == "a" else
                 "weight: registers = (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)")
         raise harness.GradeFailure(
-            f"ldmatrix_{operand}_source: {len(problems)} of 32 lanes address the wrong row:\n  "
-            + "\n  ".join(problems[:4]) + f"\n  hint: lane l gives row l % 8 of matrix l / 8; for {what}"
-            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab05.1",)))
+            f"ldmatrix_{operand}_source: {len(problems)} of {warp} lanes address the wrong row:\n  "
+            + "\n  ".join(problems[:4]) + f"\n  hint: lane l gives row l % 8 of matrix l / 8; for {what}")
 
 
 # ---------------------------------------------------------------- CPU-side: the swizzle
 def _chunks_per_row() -> int:
-    return LAB.module.tile_config(9)["block_k"] // 8  # 16-byte chunks of 8 two-byte elements
+    return LAB.module.tile_config(9)["chunks_per_row"]  # 16-byte chunks in a row of a k-slice
 
 
+def _tile_rows() -> int:
+    config = LAB.module.tile_config(9)
+    return max(config["block_m"], config["block_n"])  # the rows of the taller of the x and weight tiles
+
+
+@harness.reference_check  # swizzled_chunk is given
 def test_swizzle_is_a_permutation():
-    rows, chunks = 128, _chunks_per_row()
+    rows, chunks = _tile_rows(), _chunks_per_row()
     for r in range(rows):
         row_offsets = sorted(LAB.module.swizzled_chunk(r, c) for c in range(chunks))
         assert row_offsets == list(range(chunks * r, chunks * (r + 1))), (
@@ -133,11 +165,12 @@ def test_swizzle_is_a_permutation():
             f"(got offsets {row_offsets}): a cp.async chunk lands in one place, and no two chunks share one")
 
 
+@harness.reference_check
 def test_swizzle_is_conflict_free():
     """One ldmatrix 8x8 matrix reads one chunk column of 8 consecutive rows in a single pass of
     128 bytes: the 8 chunks must fall in 8 different bank groups (offset in chunks mod 8)."""
     chunks = _chunks_per_row()
-    for first_row in range(0, 128, 8):
+    for first_row in range(0, _tile_rows(), 8):
         for chunk in range(chunks):
             groups = [LAB.module.swizzled_chunk(first_row + i, chunk) % 8 for i in range(8)]
             if len(set(groups)) != 8:
@@ -150,18 +183,21 @@ def test_swizzle_is_conflict_free():
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
+@harness.reference_check  # the wrapper's checks are given
 def test_refuses_cpu_tensors():
     x, w, b = torch.ones(4, 8, dtype=BF16), torch.ones(8, 8, dtype=BF16), torch.ones(8, dtype=BF16)
     LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, w, b), must_mention=("CUDA",),
                               case="linear_act(x, weight, bias on the CPU)")
 
 
+@harness.reference_check
 def test_refuses_unknown_activation():
     x, w, b = torch.ones(4, 8, dtype=BF16), torch.ones(8, 8, dtype=BF16), torch.ones(8, dtype=BF16)
     LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, w, b, "swish"), must_mention=("activation", "gelu"),
                               case="linear_act(..., activation='swish')")
 
 
+@harness.reference_check  # tile_config and the tile sizes are given
 def test_tile_config_fits_every_gpu():
     # (capability major, shared memory one block may use in bytes): T4, A100, H100.
     for major, limit in ((7, 64 * 1024), (8, 163 * 1024), (9, 227 * 1024)):
@@ -175,6 +211,7 @@ def test_tile_config_fits_every_gpu():
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@harness.tasks(*ALL_TASKS)
 def test_linear_act(shape, dtype, activation):
     skip_without_bf16(dtype)
     m, n, k = shape
@@ -182,46 +219,47 @@ def test_linear_act(shape, dtype, activation):
     poison_allocator(m * n, dtype)
     out = LAB.module.linear_act(x, weight, bias, activation)
     torch.cuda.synchronize()
-    LAB.assert_close(out, reference(x, weight, bias, activation), tol=tol(dtype, k), tasks=ALL_TASKS, tile=TILE,
+    LAB.assert_close(out, reference(x, weight, bias, activation), tol=tol(dtype, k), tile=block_tile(),
                      case=f"linear_act M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}", hint=HINT)
 
 
 @requires_gpu
 @pytest.mark.parametrize("batch", [(3,), (2, 5)], ids=["3", "2x5"])
+@harness.tasks(*ALL_TASKS)
 def test_batched(batch):
     """x [..., K]: the leading dimensions are rows of one GEMM (a contiguous x is one [M, K] matrix)."""
     x, weight, bias = make_inputs(7, 48, 40, FP16, batch)
     poison_allocator(x.numel() // 40 * 48, FP16)
     out = LAB.module.linear_act(x, weight, bias, "gelu")
     torch.cuda.synchronize()
-    LAB.assert_close(out, reference(x, weight, bias, "gelu"), tol=tol(FP16, 40), tasks=ALL_TASKS,
+    LAB.assert_close(out, reference(x, weight, bias, "gelu"), tol=tol(FP16, 40),
                      case=f"linear_act x {list(x.shape)}, fp16, gelu")
 
 
 @requires_gpu
 @pytest.mark.parametrize("shape", [(17, 40, 24), (130, 136, 64), (255, 8, 8)], ids=shape_id)
+@harness.tasks(*ALL_TASKS)
 def test_edge_tiles_stay_inside(shape):
     """`out` is a view of a larger NaN buffer: rows past M must stay NaN (the last row of tiles
     runs past M, and its extra rows must be neither stored nor wrapped into the next row)."""
     m, n, k = shape
     x, weight, bias = make_inputs(m, n, k, FP16)
-    extra_rows = TILE[0]
+    extra_rows = block_tile()[0]
     buffer = poisoned((m + extra_rows, n), FP16)
     LAB.module.linear_act(x, weight, bias, "gelu", out=buffer[:m])
     torch.cuda.synchronize()
     case = f"linear_act M={m} N={n} K={k} into out = buffer[:{m}]"
-    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(FP16, k), tasks=ALL_TASKS, tile=TILE,
-                     case=case, hint=HINT)
+    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(FP16, k), tile=block_tile(), case=case, hint=HINT)
     written = int((~buffer[m:].isnan()).sum().item())
     if written:
         first = int((~buffer[m:].isnan()).flatten().nonzero()[0].item())
         raise harness.GradeFailure(
             f"{case}: wrote {written} elements outside out, the first at row {m + first // n} (out has {m} rows)\n"
-            "  hint: the last tile of rows runs past M: skip rows >= M (and columns >= N) in the epilogue"
-            + harness.check.todo_note(LAB.lab, LAB.tree, ("lab05.3",)))
+            "  hint: the last tile of rows runs past M: skip rows >= M (and columns >= N) in the epilogue")
 
 
 @requires_gpu
+@harness.reference_check  # launch_linear_act (given) launches nothing when M == 0
 def test_zero_rows():
     x, weight, bias = make_inputs(0, 16, 16, FP16)
     assert LAB.module.linear_act(x, weight, bias).shape == (0, 16), "M = 0 must give an empty [0, N] output"
@@ -229,6 +267,7 @@ def test_zero_rows():
 
 # ---------------------------------------------------------------- GPU: bad input gets a clear error
 @requires_gpu
+@harness.reference_check  # the wrapper's checks are given
 def test_input_errors():
     x, weight, bias = make_inputs(16, 32, 64, FP16)
     call = LAB.module.linear_act
@@ -251,7 +290,44 @@ def test_input_errors():
         LAB.assert_raises_clearly(fn, must_mention=words, case=f"linear_act({what})")
 
 
+# A dtype error ends with the call that fixes the input ("; convert it with weight.to(torch.float16)"),
+# which a user pastes: it must be Python that runs (torch.Half and torch.BFloat16 do not exist).
+SUGGESTED_CALL = re.compile(r"\b(\w+)\.to\((torch\.\w+)\)")
+
+
 @requires_gpu
+@harness.reference_check  # the wrapper's checks, course::check_dtype among them, are given
+def test_dtype_errors_suggest_a_call_that_runs():
+    x, weight, bias = make_inputs(16, 32, 64, FP16)
+    xb, weightb, biasb = x.bfloat16(), weight.bfloat16(), bias.bfloat16()
+    outh = torch.empty(16, 32, dtype=FP16, device="cuda")
+    call = LAB.module.linear_act
+    cases = [  # (what, the failing call, the wrong tensor by its name in the message, the dtype the fix gives)
+        ("float32 inputs", lambda: call(x.float(), weight.float(), bias.float()), {"x": x.float()}, (FP16, BF16)),
+        ("x float16, weight bfloat16", lambda: call(x, weightb, bias), {"weight": weightb}, (FP16,)),
+        ("x bfloat16, weight float16", lambda: call(xb, weight, biasb), {"weight": weight}, (BF16,)),
+        ("x float16, bias bfloat16", lambda: call(x, weight, biasb), {"bias": biasb}, (FP16,)),
+        ("x bfloat16, out float16", lambda: call(xb, weightb, biasb, out=outh), {"out": outh}, (BF16,)),
+    ]
+    for what, fn, tensors, fixed_dtypes in cases:
+        case = f"linear_act({what})"
+        text = LAB.assert_raises_clearly(fn, must_mention=("dtype",), case=case)
+        found = SUGGESTED_CALL.search(text)
+        if not found or found.group(1) not in tensors:
+            raise harness.GradeFailure(f"{case}: the dtype error suggests no {'/'.join(tensors)}.to(torch.<dtype>) "
+                                       f"call; it said:\n    {text.splitlines()[0][:300]}")
+        suggestion = found.group(0)
+        try:
+            fixed = eval(suggestion, {"__builtins__": {}, "torch": torch}, dict(tensors))
+        except Exception as error:
+            raise harness.GradeFailure(f"{case}: the error suggests `{suggestion}`, which fails in Python: "
+                                       f"{type(error).__name__}: {error}") from None
+        assert fixed.dtype in fixed_dtypes, (
+            f"{case}: the error suggests `{suggestion}`, which gives {fixed.dtype}, not {' or '.join(map(str, fixed_dtypes))}")
+
+
+@requires_gpu
+@harness.reference_check
 def test_bf16_refused_before_sm80():
     if torch.cuda.get_device_capability()[0] >= 8:
         pytest.skip("this GPU has bfloat16 tensor cores; the refusal only applies before sm_80")
@@ -265,7 +341,6 @@ def test_bf16_refused_before_sm80():
 # Shapes: SHAPES, plus more output tiles (128 x 256) than an H100 has SMs, so each persistent
 # block walks several tiles, with partial tiles in M, N and K (72 = one k-slice of 64 + 8).
 WGMMA_SHAPES = SHAPES + [(4100, 2056, 72), (384, 512, 4096)]
-WGMMA_TILE = (128, 256)
 WGMMA_HINT = "linear_act_wgmma.cu is the given Hopper kernel, not a lab task: report this failure"
 
 
@@ -280,6 +355,7 @@ def skip_without_wgmma():
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=shape_id)
+@harness.reference_check  # linear_act_wgmma.cu is given
 def test_wgmma_linear_act(shape, dtype, activation):
     skip_without_wgmma()
     m, n, k = shape
@@ -287,7 +363,7 @@ def test_wgmma_linear_act(shape, dtype, activation):
     poison_allocator(m * n, dtype)
     out = LAB.module.linear_act_wgmma(x, weight, bias, activation)
     torch.cuda.synchronize()
-    LAB.assert_close(out, reference(x, weight, bias, activation), tol=tol(dtype, k), tile=WGMMA_TILE,
+    LAB.assert_close(out, reference(x, weight, bias, activation), tol=tol(dtype, k), tile=wgmma_tile(),
                      case=f"linear_act_wgmma M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}",
                      hint=WGMMA_HINT)
 
@@ -295,20 +371,22 @@ def test_wgmma_linear_act(shape, dtype, activation):
 @pytest.mark.tma_output
 @requires_gpu
 @pytest.mark.parametrize("shape", [(17, 40, 24), (130, 264, 64), (4100, 2056, 72)], ids=shape_id)
+@harness.reference_check
 def test_wgmma_edge_tiles_stay_inside(shape):
     skip_without_wgmma()
     m, n, k = shape
     x, weight, bias = make_inputs(m, n, k, BF16)
-    buffer = poisoned((m + WGMMA_TILE[0], n), BF16)
+    buffer = poisoned((m + wgmma_tile()[0], n), BF16)
     LAB.module.linear_act_wgmma(x, weight, bias, "gelu", out=buffer[:m])
     torch.cuda.synchronize()
-    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(BF16, k), tile=WGMMA_TILE,
+    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(BF16, k), tile=wgmma_tile(),
                      case=f"linear_act_wgmma M={m} N={n} K={k} into out = buffer[:{m}]", hint=WGMMA_HINT)
     assert buffer[m:].isnan().all(), f"linear_act_wgmma M={m} N={n} K={k} wrote rows past M"
 
 
 @pytest.mark.tma_output
 @requires_gpu
+@harness.reference_check
 def test_wgmma_zero_k_and_batched():
     skip_without_wgmma()
     x, weight, bias = make_inputs(5, 16, 0, BF16)
@@ -320,6 +398,7 @@ def test_wgmma_zero_k_and_batched():
 
 
 @requires_gpu
+@harness.reference_check
 def test_wgmma_refused_clearly_elsewhere():
     if LAB.module.wgmma_available():
         pytest.skip("this GPU and build have the wgmma path; the refusal applies elsewhere")
@@ -364,7 +443,7 @@ def _perf(op: str, baseline_name: str, *, student_bar: float, target: float):
     """Time `op` (linear_act or linear_act_wgmma) at 4096^3 bf16 + GELU against a baseline, then
     check the output of the timed calls against the float64 reference."""
     x, weight, bias = _perf_inputs()
-    tasks, tile, prefix = (ALL_TASKS, TILE, "") if op == "linear_act" else ((), WGMMA_TILE, "wgmma ")
+    tile, prefix = (block_tile(), "") if op == "linear_act" else (wgmma_tile(), "wgmma ")
     run = getattr(LAB.module, op)
     baseline, versus = BASELINES[baseline_name]
     last = {}
@@ -373,8 +452,8 @@ def _perf(op: str, baseline_name: str, *, student_bar: float, target: float):
         last["out"] = run(x, weight, bias, "gelu")
 
     def verify():
-        LAB.assert_close(last["out"], reference(x, weight, bias, "gelu"), tol=tol(BF16, PERF_K), tasks=tasks,
-                         tile=tile, case=f"{op} 4096^3 bf16 gelu: the output of the timed calls")
+        LAB.assert_close(last["out"], reference(x, weight, bias, "gelu"), tol=tol(BF16, PERF_K), tile=tile,
+                         case=f"{op} 4096^3 bf16 gelu: the output of the timed calls")
 
     LAB.perf(name=f"{prefix}linear+bias+GELU 4096^3 bf16 vs {versus}", ours=ours,
              baseline=lambda: baseline(x, weight, bias), baseline_name=baseline_name, flops=PERF_FLOPS,
@@ -383,12 +462,14 @@ def _perf(op: str, baseline_name: str, *, student_bar: float, target: float):
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*ALL_TASKS)
 def test_perf_vs_cublas_gemm():
     _perf("linear_act", "torch.matmul (cuBLAS)", student_bar=0.3, target=mma_sync_target())
 
 
 @requires_gpu
 @pytest.mark.perf
+@harness.tasks(*ALL_TASKS)
 def test_perf_vs_unfused():
     _perf("linear_act", "gelu(addmm)", student_bar=0.33, target=round(1.1 * mma_sync_target(), 2))
 
@@ -404,6 +485,7 @@ WGMMA_BARS = {"torch.matmul (cuBLAS)": 0.8, "gelu(addmm)": 0.9, "gelu(matmul + b
 @requires_gpu
 @pytest.mark.perf
 @pytest.mark.parametrize("baseline_name", list(WGMMA_BARS))
+@harness.reference_check  # the given Hopper path
 def test_perf_wgmma(baseline_name):
     skip_without_wgmma()
     bar = WGMMA_BARS[baseline_name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,20 +50,92 @@ SPIN_FOREVER = ("    y[i] = alpha * x[i];", "    for (;;) __nanosleep(1000);  //
 SYNTAX_ERROR = ("#include <algorithm>", "#include <algorithm>\nthis is not C++;")
 
 
-def test_batch_grading_one_row_per_student_and_lab(tmp_path):
-    """A good, an unfinished and an uncompilable submission: each graded, none modified, none breaking another."""
-    submissions = tmp_path / "class"
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    """A good (alice), an unfinished (bob: the labs/ skeleton) and an uncompilable (carol) submission
+    of lab 00, graded once with --all --format gradescope (three builds: shared by the tests below)."""
+    root = tmp_path_factory.mktemp("graded")
+    submissions = root / "class"
     planted(submissions, "alice")
     planted(submissions, "bob", source_tree="labs")
     planted(submissions, "carol", edits={"scale.cu": SYNTAX_ERROR})
     before = tree_digest(submissions)
-    report, rows, output = grade_all(submissions, tmp_path / "grades.json")
-    assert tree_digest(submissions) == before, "grading modified a submission"
+    gradescope_dir = root / "gradescope"
+    report, rows, output = grade_all(submissions, root / "grades.json", "--format", "gradescope", "--out", str(gradescope_dir))
+    return {"submissions": submissions, "modified": tree_digest(submissions) != before, "report": report, "rows": rows,
+            "output": output, "gradescope": gradescope_dir}
+
+
+def test_batch_grading_one_row_per_student_and_lab(graded_class):
+    """A good, an unfinished and an uncompilable submission: each graded, none modified, none breaking another."""
+    report, rows, output = graded_class["report"], graded_class["rows"], graded_class["output"]
+    assert not graded_class["modified"], "grading modified a submission"
     assert set(report) == {"alice", "bob", "carol"} and len(rows) == 3
     by_student = {row["student"]: row for row in rows}
     assert by_student["alice"]["failed"] == "0" and int(by_student["alice"]["passed"]) > 0, output
-    assert int(by_student["bob"]["failed"]) > 0 and "TODO(lab00" in json.dumps(report["bob"])
+    bob_todos = [todo for test in report["bob"][0]["tests"] for todo in test.get("todos", [])]
+    assert int(by_student["bob"]["failed"]) > 0 and any(todo["task"].startswith("lab00.") for todo in bob_todos), (
+        "the skeleton's failures must carry the open TODOs they need (the `todos` field)")
     assert int(by_student["carol"]["failed"]) > 0 and "did not build" in by_student["carol"]["errors"]
+
+
+# ---------------------------------------------------------------- Gradescope
+# https://gradescope-autograders.readthedocs.io/en/latest/specs/: the fields ./course writes.
+GRADESCOPE_FIELDS = {"score": (int, float), "execution_time": (int, float), "output": str, "tests": list}
+GRADESCOPE_TEST_FIELDS = {"name": str, "score": (int, float), "max_score": (int, float), "output": str,
+                          "visibility": str, "status": str}
+GRADESCOPE_VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+
+
+def gradescope_results(path: Path, points: dict) -> dict:
+    """results.json, checked against Gradescope's schema and against the lab's tasks and POINTS."""
+    data = json.loads(path.read_text())
+    for key, types in GRADESCOPE_FIELDS.items():
+        assert isinstance(data.get(key), types), f"{path}: {key!r} missing or not {types}"
+    tasks = {}
+    for test in data["tests"]:
+        for key, types in GRADESCOPE_TEST_FIELDS.items():
+            assert isinstance(test.get(key), types), f"{path}: test {test.get('name')!r}: {key!r} missing or not {types}"
+        assert test["visibility"] in GRADESCOPE_VISIBILITY and test["status"] in ("passed", "failed"), test
+        assert 0 <= test["score"] <= test["max_score"], test
+        tasks[test["name"].split()[1].rstrip(":")] = test
+    assert data["score"] == pytest.approx(sum(t["score"] for t in data["tests"]))
+    assert set(tasks) >= set(points), f"{path}: one test per task of POINTS expected, got {sorted(tasks)}"
+    for task, maximum in points.items():
+        assert tasks[task]["max_score"] == maximum, (task, tasks[task]["max_score"], maximum)
+    return data
+
+
+def test_gradescope_results_for_a_good_an_unfinished_and_an_uncompilable_submission(graded_class, tmp_path):
+    report = graded_class["report"]
+    points = report["alice"][0].get("labs", {}).get(LAB.name, {}).get("points", {})
+    results = {student: gradescope_results(graded_class["gradescope"] / student / "results.json", points)
+               for student in ("alice", "bob", "carol")}
+    carol = results["carol"]
+    assert carol["score"] == 0 and all(t["score"] == 0 for t in carol["tests"])
+    compiler_error = re.compile(r"scale\.cu(\(\d+\)|:\d+:\d+): error")  # nvcc's "f.cu(6): error", g++'s "f.cu:6:1: error"
+    for text in [carol["output"], *(t["output"] for t in carol["tests"])]:
+        assert "did not build" in text and compiler_error.search(text), f"no compiler error in:\n{text[:3000]}"
+    alice, bob = results["alice"], results["bob"]
+    assert bob["score"] <= alice["score"], (bob["score"], alice["score"])
+    # Where a test that ran (on CPU: the launch configuration, axpy's input check) tells them apart, it shows.
+    told = any(t["outcome"] == "failed" and t.get("kind") != "reference" and t.get("tasks") and t["name"] != "test_builds"
+               for t in report["bob"][0]["tests"])
+    if told:
+        assert bob["score"] < alice["score"], (bob["score"], alice["score"])
+    assert alice["score"] > 0 or not any(t["outcome"] == "passed" and t.get("tasks") and t["name"] != "test_builds"
+                                         for t in report["alice"][0]["tests"])
+    # A single run writes the same mapping where --out says (alice's build is reused: same folder).
+    single = tmp_path / "results.json"
+    run = subprocess.run([COURSE, "grade", "00", "--impl", str(graded_class["submissions"] / "alice"),
+                          "--format", "gradescope", "--out", str(single)], capture_output=True, text=True, timeout=1800)
+    assert single.exists(), f"grade --format gradescope wrote nothing:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}"
+    assert gradescope_results(single, points)["score"] == alice["score"]
+
+
+def test_gradescope_out_needs_the_format():
+    run = subprocess.run([COURSE, "grade", "00", "--out", "x.json"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--format gradescope" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)

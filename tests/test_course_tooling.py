@@ -2,16 +2,20 @@
 skeletons, and the links between lessons, labs and graders. All run without a GPU."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
+import types
 
 import pytest
 import torch
 
 from harness import check, trees
+from harness.todos import ALL, REFERENCE_MARK, declarations_in, open_todos
 
 sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import labgen  # noqa: E402
@@ -70,21 +74,84 @@ def test_labs_are_up_to_date():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _is_reference_check(fn) -> bool:
+    """Whether a test function, or one of its parametrize values, carries harness.reference_check."""
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name == REFERENCE_MARK:
+            return True
+        if mark.name == "parametrize" and any(m.name == REFERENCE_MARK
+                                              for value in mark.args[1] for m in getattr(value, "marks", ())):
+            return True
+    return False
+
+
 def test_every_task_has_a_todo_a_test_and_a_lesson_row():
-    """Each SOLUTION task id appears as a TODO in the lab, in its grader and in its lesson page."""
+    """Each SOLUTION task id appears as a TODO in the lab, is declared (harness.tasks) by a test of its
+    grader, has its points in the grader's POINTS, and a row in its lesson page. A task named only in
+    a comment or a string is not graded; harness.ALL (a build, a notebook run) grades no task alone."""
     for lab in trees.all_labs():
         solution_text = "".join(p.read_text() for p in sorted(lab.dir_in(trees.resolve_tree("solutions")).iterdir())
                                 if p.suffix in labgen.COMMENT)
         tasks = sorted(set(re.findall(r"SOLUTION BEGIN (lab\d\d\.\d+)", solution_text)))
         assert tasks, f"{lab.name} has no SOLUTION regions"
         assert all(t.startswith(lab.module_stem + ".") for t in tasks), f"{lab.name}: task ids must start with {lab.module_stem}."
-        todos = {t.task for t in check.open_todos(lab, trees.resolve_tree("labs"))}
-        grader = lab.test_file.read_text()
+        todos = {t.task for t in open_todos(lab, trees.resolve_tree("labs"))}
+        module = importlib.import_module(lab.test_file.stem)
+        declared = declarations_in(module)
+        typos = {name: sorted(ids - set(tasks) - {ALL}) for name, ids in declared.items() if ids - set(tasks) - {ALL}}
+        assert not typos, f"{lab.test_file.name} declares ids that are not tasks of {lab.name} ({tasks}): {typos}"
+        undeclared = [name for name, ids in declared.items() if not ids and not _is_reference_check(getattr(module, name))]
+        assert not undeclared, (f"{lab.test_file.name}: these tests declare neither the tasks they grade "
+                                "(@harness.tasks) nor that they check given code (@harness.reference_check): "
+                                f"{undeclared}")
+        graded = set().union(*declared.values())
+        points = getattr(module, "POINTS", None)
+        assert isinstance(points, dict) and sorted(points) == tasks, (
+            f"{lab.test_file.name}: POINTS must give points to exactly the tasks {tasks}, got {points}")
+        bad = {task: value for task, value in points.items() if type(value) is not int or value <= 0}
+        assert not bad, f"{lab.test_file.name}: POINTS must be positive integers, got {bad}"
+        assert sum(points.values()) == 100, f"{lab.test_file.name}: POINTS must sum to 100, got {sum(points.values())}"
         page = lab.lesson_page.read_text()
         for task in tasks:
             assert task in todos, f"{task} has no TODO in labs/{lab.name}: run ./course labs"
-            assert task in grader, f"{task} is never named by {lab.test_file.name}: which test checks it?"
+            assert task in graded, (f"{task} is declared by no test of {lab.test_file.name} "
+                                    f"(@harness.tasks(\"{task}\") on the tests that check it): which test grades it?")
             assert f"`{task}`" in page, f"{task} is missing from the task table of {lab.lesson_page.name}"
+
+
+def test_declarations_count_markers_not_mentions():
+    """declarations_in reads the harness.tasks marks of a module's tests (their own and their parameters'),
+    never a task id that is only mentioned in a comment, a docstring or a string."""
+    module = types.ModuleType("test_99_demo")
+    exec(textwrap.dedent('''
+        import pytest
+        from harness.todos import reference_check, tasks
+
+        NOTE = "lab99.3 is checked by test_named_in_a_comment"
+
+        @tasks("lab99.1")
+        def test_declared():
+            pass
+
+        # grades lab99.2, see TODO(lab99.2)
+        def test_named_in_a_comment():
+            """Checks lab99.2 and lab99.3."""
+            assert "lab99.2"
+
+        @pytest.mark.parametrize("x", [pytest.param(1, marks=tasks("lab99.4")), 2])
+        def test_per_parameter(x):
+            pass
+
+        @reference_check
+        def test_given_code():
+            pass
+
+        def helper_not_a_test():
+            pass
+    '''), module.__dict__)
+    assert declarations_in(module) == {"test_declared": {"lab99.1"}, "test_named_in_a_comment": set(),
+                                       "test_per_parameter": {"lab99.4"}, "test_given_code": set()}
+    assert _is_reference_check(module.test_given_code) and not _is_reference_check(module.test_named_in_a_comment)
 
 
 # ---------------------------------------------------------------- the checks themselves
@@ -120,7 +187,7 @@ def test_assert_close_rejects_wrong_shape():
 
 
 # ---------------------------------------------------------------- the CLI
-@pytest.mark.parametrize("command", ["serve", "site", "setup", "test", "grade", "build", "bench", "labs", "doctor"])
+@pytest.mark.parametrize("command", ["serve", "site", "setup", "test", "grade", "sanitize", "build", "bench", "labs", "doctor"])
 def test_every_subcommand_has_help(command):
     result = subprocess.run([COURSE, command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
@@ -134,7 +201,8 @@ def test_unknown_lab_is_a_clear_error():
 # ---------------------------------------------------------------- the skeletons
 @pytest.mark.parametrize("lab", trees.all_labs(), ids=lambda lab: lab.name)
 def test_skeleton_builds_and_fails_naming_its_todos(lab, tmp_path):
-    """The untouched skeleton compiles, and grading it fails with its TODOs named, not with a crash."""
+    """The untouched skeleton compiles, and grading it fails with its open TODOs named in each failed
+    record's `todos`, not with a crash; its reference checks (of given code) pass."""
     report = tmp_path / "report.json"
     env = dict(os.environ, **{trees.IMPL_ENV: "labs"})
     run = subprocess.run([sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
@@ -146,10 +214,20 @@ def test_skeleton_builds_and_fails_naming_its_todos(lab, tmp_path):
     assert builds and builds[0]["outcome"] == "passed", f"the {lab.name} skeleton does not build: {builds}"
     failed = [t for t in tests if t["outcome"] == "failed"]
     assert failed, f"the untouched {lab.name} skeleton passed every test: the grader checks nothing a TODO leaves undone"
-    assert all("TODO(" in t["message"] for t in failed), (
-        "every failure of an untouched skeleton must name the TODO it needs; these do not:\n"
-        + "\n".join(f"{t['name']}: {t['message'][:300]}" for t in failed if "TODO(" not in t["message"])
+    reference = [t for t in failed if t["kind"] == "reference"]
+    assert not reference, (
+        f"reference checks of the untouched {lab.name} skeleton failed: they check code the lab gives, which no TODO "
+        "can break, so the given code (or the check) is wrong:\n"
+        + "\n".join(f"{t['name']}: {t['message'][:300]}" for t in reference)
     )
+    unnamed = [t for t in failed if not t["todos"]]
+    assert not unnamed, (
+        "every failure of an untouched skeleton must name the open TODOs it needs (the tasks its test declares "
+        "with harness.tasks); these do not:\n"
+        + "\n".join(f"{t['name']} (declares {t['tasks']}): {t['message'][:300]}" for t in unnamed)
+    )
+    for t in failed:
+        assert all(todo["task"] in t["tasks"] and todo["file"] and todo["line"] > 0 for todo in t["todos"]), t
 
 
 def test_notebooks_clone_the_repository_the_site_names():

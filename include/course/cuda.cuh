@@ -1,15 +1,30 @@
-// The course's one shared CUDA header: error checks and small helpers for kernel
-// sources. It includes no torch header, so a kernel .cu file that includes only
+// The course's one shared CUDA header: error checks, the warp, launch shapes and per-GPU
+// queries for kernel sources. It includes no torch header, so a kernel .cu file that includes only
 // this compiles in seconds and rebuilds alone when it changes.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
 namespace course {
+
+// The warp: the 32 threads that issue each instruction together, on every GPU from sm_75 to
+// sm_90. Block sizes are whole warps, and a warp's shuffles exchange registers among its lanes.
+constexpr int kWarpSize = 32;
+// Every lane of the warp takes part in a __shfl_*_sync: bit i of the mask is lane i.
+constexpr unsigned kFullWarpMask = 0xffffffffu;
+static_assert(sizeof(kFullWarpMask) * 8 == kWarpSize, "one mask bit per lane");
+
+// The shape of a 1-D launch: kernel<<<blocks, threads>>>.
+struct LaunchConfig {
+  int blocks;
+  int threads;
+};
 
 // Blocks needed to cover n items with `per_block` items each.
 template <typename T>
@@ -30,19 +45,64 @@ inline void check_cuda(cudaError_t status, const char* expr, const char* file, i
 
 // --8<-- [end:checks]
 
-// An attribute of the current device (multiprocessor count, threads per SM, ...),
-// read once per device and attribute: the query costs microseconds per launch otherwise.
-inline int device_attribute(cudaDeviceAttr attribute) {
-  constexpr int kMaxDevices = 64, kMaxAttributes = 256;
-  static int cache[kMaxDevices][kMaxAttributes] = {};
+// The GPU that this thread's CUDA calls go to (torch's CUDAGuard sets it to the tensor's).
+inline int current_device() {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice", __FILE__, __LINE__);
-  const bool cacheable = device < kMaxDevices && static_cast<int>(attribute) < kMaxAttributes;
-  if (cacheable && cache[device][attribute] > 0) return cache[device][attribute];
-  int value = 0;
-  check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute", __FILE__, __LINE__);
-  if (cacheable) cache[device][attribute] = value;
-  return value;
+  return device;
+}
+
+// One int per GPU, computed by the first get() on that GPU and returned by every later one.
+// For what a launcher would otherwise ask the driver on every call (microseconds each) although
+// it changes only with the GPU: attributes, occupancy. Keyed by device because one process may
+// drive different GPUs, whose SM counts and occupancies differ. Keep one as a static beside the
+// code that asks (a static starts zeroed: nothing known).
+class PerDeviceCache {
+ public:
+  template <typename Compute>
+  int get(Compute&& compute) {
+    const int device = current_device();
+    if (device < 0 || device >= kMaxDevices) return compute();  // past the table: ask every time
+    if (known_[device].load(std::memory_order_acquire)) return values_[device].load(std::memory_order_relaxed);
+    const int value = compute();  // threads that race here compute the same value
+    values_[device].store(value, std::memory_order_relaxed);
+    known_[device].store(true, std::memory_order_release);  // publishes the value stored above
+    return value;
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  std::atomic<int> values_[kMaxDevices];
+  std::atomic<bool> known_[kMaxDevices];
+};
+
+// An attribute of the current device (multiprocessor count, threads per SM, ...).
+inline int device_attribute(cudaDeviceAttr attribute) {
+  constexpr int kCachedAttributes = 256;  // above every cudaDeviceAttr value in use
+  static PerDeviceCache cache[kCachedAttributes];
+  const auto query = [attribute] {
+    int value = 0;
+    check_cuda(cudaDeviceGetAttribute(&value, attribute, current_device()), "cudaDeviceGetAttribute", __FILE__,
+               __LINE__);
+    return value;
+  };
+  const int index = static_cast<int>(attribute);
+  return index >= 0 && index < kCachedAttributes ? cache[index].get(query) : query();
+}
+
+// Blocks of `kernel` that one SM of the current GPU holds at once, launched with
+// `threads_per_block` threads and `dynamic_shared_bytes` of dynamic shared memory. Threads are
+// not the only limit: the occupancy calculator also counts the kernel's registers and shared
+// memory, whichever runs out first. The caller keeps `cache`, one per kernel and block size.
+template <typename Kernel>
+int resident_blocks_per_sm(PerDeviceCache& cache, Kernel kernel, int threads_per_block,
+                           size_t dynamic_shared_bytes = 0) {
+  return cache.get([&] {
+    int blocks = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, dynamic_shared_bytes),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor", __FILE__, __LINE__);
+    return blocks;
+  });
 }
 
 }  // namespace course

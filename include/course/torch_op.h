@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cctype>
 #include <string>
 
 namespace course {
@@ -45,10 +46,34 @@ inline void check_cuda_tensor(const at::Tensor& t, const char* op, const char* n
 }
 // --8<-- [end:check_cuda_tensor]
 
+// "torch.float32": the name Python code writes for a dtype, which an error message must use when it
+// tells the user what to call. c10::toString gives the C++ enum's names ("Float", "Half"), which
+// torch does not have; lowercased they are right for every type but these.
+inline std::string python_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::ScalarType::Byte: return "torch.uint8";
+    case at::ScalarType::Char: return "torch.int8";
+    case at::ScalarType::Short: return "torch.int16";
+    case at::ScalarType::Int: return "torch.int32";
+    case at::ScalarType::Long: return "torch.int64";
+    case at::ScalarType::Half: return "torch.float16";
+    case at::ScalarType::Float: return "torch.float32";
+    case at::ScalarType::Double: return "torch.float64";
+    case at::ScalarType::ComplexHalf: return "torch.complex32";
+    case at::ScalarType::ComplexFloat: return "torch.complex64";
+    case at::ScalarType::ComplexDouble: return "torch.complex128";
+    default: {  // BFloat16, Bool, Float8_e4m3fn, UInt16, QInt8, ...
+      std::string name = c10::toString(type);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return "torch." + name;
+    }
+  }
+}
+
 inline void check_dtype(const at::Tensor& t, const char* op, const char* name, at::ScalarType want) {
-  TORCH_CHECK(t.scalar_type() == want, op, ": ", name, " must have dtype ", c10::toString(want),
-              ", got ", describe(t), "; convert it with ", name, ".to(torch.",
-              c10::toString(want) == std::string("Float") ? "float32" : c10::toString(want), ")");
+  const std::string wanted = python_dtype(want);
+  TORCH_CHECK(t.scalar_type() == want, op, ": ", name, " must have dtype ", wanted, ", got ", describe(t),
+              "; convert it with ", name, ".to(", wanted, ")");
 }
 
 // Kernels index with a flat offset, which is only right for row-major, gap-free storage.

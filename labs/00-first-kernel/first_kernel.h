@@ -1,18 +1,19 @@
-// Lab skeleton generated from solutions/00-first-kernel/first_kernel.h by `./course labs` [lab-hash 4723b892a87b].
+// Lab skeleton generated from solutions/00-first-kernel/first_kernel.h by `./course labs` [lab-hash 0c94500cebb5].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00's kernel launchers: plain pointers and a stream, no torch types, so the
 // kernel file compiles without torch headers and the wrapper is the only bridge.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-struct LaunchConfig {
-  int blocks;
-  int threads;
-};
+using course::LaunchConfig;
+
+// The kernels' threads per block (kThreadsPerBlock), for the grader and the notebook.
+int threads_per_block();
 
 // Threads per block and blocks per grid for a grid-stride loop over n >= 1 elements,
 // given the GPU's multiprocessor count and resident-thread limit per multiprocessor.

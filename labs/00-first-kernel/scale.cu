@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/00-first-kernel/scale.cu by `./course labs` [lab-hash 3d3dc8330e5e].
+// Lab skeleton generated from solutions/00-first-kernel/scale.cu by `./course labs` [lab-hash 7b3a35e8fff0].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00: the first kernels. One thread per element would need as many threads as
@@ -17,11 +17,13 @@
 //    hit that cap before the 2048 resident threads of sm_80/sm_90 (1024 on sm_75);
 //  - it divides 1024 and 2048, so whole blocks fill an SM on every GPU we support.
 constexpr int kThreadsPerBlock = 256;
-static_assert(kThreadsPerBlock % 32 == 0, "whole warps only");
+static_assert(kThreadsPerBlock % course::kWarpSize == 0, "whole warps only");
 static_assert(kThreadsPerBlock <= 1024, "the hardware limit of threads per block");
 static_assert(kThreadsPerBlock >= 2048 / 32, "32 blocks per SM must be able to reach 2048 threads");
 static_assert(1024 % kThreadsPerBlock == 0 && 2048 % kThreadsPerBlock == 0, "whole blocks fill an SM");
 // --8<-- [end:threads]
+
+int threads_per_block() { return kThreadsPerBlock; }
 
 // --8<-- [start:scale_kernel]
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float alpha, int64_t n) {

@@ -1,35 +1,32 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/memory_bandwidth.h by `./course labs` [lab-hash cd038eb757a0].
+// Lab skeleton generated from solutions/01-memory-bandwidth/memory_bandwidth.h by `./course labs` [lab-hash 016403c7f391].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's kernel launchers: plain pointers, sizes and a stream, no torch types, so the
 // kernel files compile without torch headers and wrapper.cpp is the only bridge.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+using course::LaunchConfig;
 
 // 256 threads = 8 warps per block, for the reasons lesson 00 derived: whole warps, under the
 // 1024-thread limit, and whole blocks fill the 1024 (sm_75) or 2048 (sm_80, sm_90) resident
 // threads of an SM without hitting the 32-blocks-per-SM cap first.
 constexpr int kThreadsPerBlock = 256;
-static_assert(kThreadsPerBlock % 32 == 0, "whole warps only");
+static_assert(kThreadsPerBlock % course::kWarpSize == 0, "whole warps only");
 static_assert(kThreadsPerBlock <= 1024, "the hardware limit of threads per block");
 static_assert(kThreadsPerBlock >= 2048 / 32, "32 blocks per SM must be able to reach 2048 threads");
 static_assert(1024 % kThreadsPerBlock == 0 && 2048 % kThreadsPerBlock == 0, "whole blocks fill an SM");
 
-// Threads per block and blocks per grid for a grid-stride loop.
-struct CopyLaunch {
-  int blocks;
-  int threads;
-};
-
 // One full wave of `threads`-thread blocks over `work_items` units of work (elements for the
 // scalar copies, groups of float4s for the vectorized one). Defined in scalar_copy.cu.
-CopyLaunch copy_launch(int64_t work_items, int threads, int sm_count, int max_threads_per_sm);
+LaunchConfig copy_launch(int64_t work_items, int threads, int sm_count, int max_threads_per_sm);
 
 // copy_launch for kThreadsPerBlock threads on the current GPU; blocks > 0 overrides the grid.
-CopyLaunch copy_launch_on_current_device(int64_t work_items, int blocks);
+LaunchConfig copy_launch_on_current_device(int64_t work_items, int blocks);
 
 // --8<-- [start:vector_split]
 // How a copy of n floats splits around 16-byte boundaries:

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/scalar_copy.cu by `./course labs` [lab-hash d66a35c70b07].
+// Lab skeleton generated from solutions/01-memory-bandwidth/scalar_copy.cu by `./course labs` [lab-hash d807f742369c].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01, part 1: two scalar copies that do the same work and differ only in WHICH element
@@ -12,7 +12,7 @@
 // --8<-- [start:copy_launch]
 // One full wave, as in lesson 00: every SM holds max_threads_per_sm / threads blocks at once;
 // more blocks would only queue behind them and do what the grid-stride loop does anyway.
-CopyLaunch copy_launch(int64_t work_items, int threads, int sm_count, int max_threads_per_sm) {
+LaunchConfig copy_launch(int64_t work_items, int threads, int sm_count, int max_threads_per_sm) {
   const int64_t resident_blocks = static_cast<int64_t>(sm_count) * std::max(1, max_threads_per_sm / threads);
   const int64_t needed_blocks = course::ceil_div<int64_t>(work_items, threads);
   return {static_cast<int>(std::max<int64_t>(1, std::min(needed_blocks, resident_blocks))), threads};
@@ -33,8 +33,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 }
 // --8<-- [end:strided]
 
-CopyLaunch copy_launch_on_current_device(int64_t work_items, int blocks) {
-  CopyLaunch launch = copy_launch(work_items, kThreadsPerBlock, course::device_attribute(cudaDevAttrMultiProcessorCount),
+LaunchConfig copy_launch_on_current_device(int64_t work_items, int blocks) {
+  LaunchConfig launch = copy_launch(work_items, kThreadsPerBlock, course::device_attribute(cudaDevAttrMultiProcessorCount),
                                   course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
   if (blocks > 0) launch.blocks = blocks;
   return launch;
@@ -42,7 +42,7 @@ CopyLaunch copy_launch_on_current_device(int64_t work_items, int blocks) {
 
 void launch_copy_coalesced(const float* src, float* dst, int64_t n, int blocks, cudaStream_t stream) {
   if (n == 0) return;  // a grid of zero blocks is an invalid launch, not a no-op
-  const CopyLaunch launch = copy_launch_on_current_device(n, blocks);
+  const LaunchConfig launch = copy_launch_on_current_device(n, blocks);
   copy_coalesced_kernel<<<launch.blocks, launch.threads, 0, stream>>>(src, dst, n);
   COURSE_CHECK_LAUNCH();
 }
@@ -52,7 +52,7 @@ void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride
   // A stride past n changes nothing (every row but the first is empty) but would make the
   // kernel loop over columns that hold no element; n also keeps row * stride from overflowing.
   stride = std::min(stride, n);
-  const CopyLaunch launch = copy_launch_on_current_device(course::ceil_div<int64_t>(n, stride), blocks);  // one thread per row
+  const LaunchConfig launch = copy_launch_on_current_device(course::ceil_div<int64_t>(n, stride), blocks);  // one thread per row
   copy_strided_kernel<<<launch.blocks, launch.threads, 0, stream>>>(src, dst, n, stride);
   COURSE_CHECK_LAUNCH();
 }

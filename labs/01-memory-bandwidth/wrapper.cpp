@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash 1924e24016b5].
+// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash 92f3db308704].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's host wrapper: Tensors in, checks, current stream, launch. The copies write into a
@@ -77,9 +77,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "copy_launch",
       [](int64_t work_items, int sm_count, int max_threads_per_sm) {
-        const CopyLaunch c = copy_launch(work_items, kThreadsPerBlock, sm_count, max_threads_per_sm);
+        const LaunchConfig c = copy_launch(work_items, kThreadsPerBlock, sm_count, max_threads_per_sm);
         return std::make_pair(c.blocks, c.threads);
       },
       "(blocks, threads) for work_items units of work on a GPU with sm_count SMs", pybind11::arg("work_items"),
       pybind11::arg("sm_count"), pybind11::arg("max_threads_per_sm"));
+  // The numbers the kernels are built with, so that the grader and the notebook read them
+  // instead of restating them.
+  m.def(
+      "constants",
+      [] {
+        return pybind11::dict(pybind11::arg("threads_per_block") = kThreadsPerBlock,
+                              pybind11::arg("warp_size") = course::kWarpSize);
+      },
+      "{threads_per_block, warp_size}: the kernels' fixed launch numbers");
 }

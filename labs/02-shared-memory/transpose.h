@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/transpose.h by `./course labs` [lab-hash 12fd272631da].
+// Lab skeleton generated from solutions/02-shared-memory/transpose.h by `./course labs` [lab-hash bd2365a11943].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02's kernel launchers: plain pointers, sizes and a stream, no torch types, so the
@@ -32,6 +32,9 @@ struct TileLayout {
   int block_rows;         // a block is tile x block_rows threads
   int tiled_row_stride;   // floats between rows of the shared tile in the unpadded kernel
   int padded_row_stride;  // ... and in the conflict-free one
+  int warp_size;          // lanes of a warp: a tile row is one warp wide
+  int banks;              // shared-memory banks ...
+  int bank_bytes;         // ... each this many bytes wide
 };
 
 enum class TransposeKernel { kNaive, kTiled, kPadded };

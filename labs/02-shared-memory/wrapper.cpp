@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/wrapper.cpp by `./course labs` [lab-hash c214e916025c].
+// Lab skeleton generated from solutions/02-shared-memory/wrapper.cpp by `./course labs` [lab-hash 66566cdad8cf].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02's host wrapper: Tensor in, checks, current stream, launch, Tensor out.
@@ -54,7 +54,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["block_rows"] = t.block_rows;
         d["tiled_row_stride"] = t.tiled_row_stride;
         d["padded_row_stride"] = t.padded_row_stride;
+        d["warp_size"] = t.warp_size;
+        d["banks"] = t.banks;
+        d["bank_bytes"] = t.bank_bytes;
         return d;
       },
-      "the tile and block shapes of the kernels, and the row strides of their shared tiles");
+      "the tile and block shapes of the kernels, the row strides of their shared tiles, and the warp and bank "
+      "widths those derive from");
 }

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/reductions.h by `./course labs` [lab-hash dc3038638a5e].
+// Lab skeleton generated from solutions/03-reductions/reductions.h by `./course labs` [lab-hash a6a6de7880d6].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03's kernel launchers: plain pointers and a stream, no torch types. Each
@@ -7,15 +7,22 @@
 // Every kernel accumulates in float, whatever it loads.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-struct LaunchConfig {
-  int blocks;
-  int threads;
+using course::LaunchConfig;
+
+// The numbers the kernels are built with (reduce.cuh, row_stats.cu), for the grader and the notebook.
+struct ReductionConstants {
+  int warp_size;
+  int threads_per_block;
+  int vector_bytes;      // one vector load
+  int longest_warp_row;  // row_stats gives rows of up to this many columns to a warp, longer ones to a block
 };
+ReductionConstants reduction_constants();
 
 // The first pass of the sum: one partial sum per block, one full wave of blocks
 // (sm_count * resident_blocks_per_sm, what the occupancy calculator says fits),

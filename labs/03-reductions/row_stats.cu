@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/row_stats.cu by `./course labs` [lab-hash 361469f45f6e].
+// Lab skeleton generated from solutions/03-reductions/row_stats.cu by `./course labs` [lab-hash 54d2169bf8db].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03: row-wise reductions, the base of softmax and of every norm. For each row,
@@ -24,6 +24,10 @@ int row_stats_threads_per_row(int64_t cols) {
   return cols <= static_cast<int64_t>(kWarpSize) * kMaxElemsPerLane ? kWarpSize : kThreadsPerBlock;
 }
 // --8<-- [end:threads_per_row]
+
+ReductionConstants reduction_constants() {
+  return {kWarpSize, kThreadsPerBlock, reduce::kVectorBytes, kWarpSize * kMaxElemsPerLane};
+}
 
 // kElems consecutive elements at p as floats: one 16-byte load, or one element.
 template <typename T, int kElems>

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/02_coalesced.cu by `./course labs` [lab-hash 9b40a07061b2].
+// Lab skeleton generated from solutions/04-tiled-matmul/02_coalesced.cu by `./course labs` [lab-hash 3cc6b7b5f1a8].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 2: coalesced. The same arithmetic as kernel 1; only the mapping of threads to
@@ -8,7 +8,7 @@
 #include "tiled_matmul.h"
 
 constexpr int kCoalescedTile = 32;
-static_assert(kCoalescedTile == 32, "one warp per row of the block: threadIdx.x spans exactly a warp");
+static_assert(kCoalescedTile == course::kWarpSize, "one warp per row of the block: threadIdx.x spans exactly a warp");
 
 // --8<-- [start:coalesced]
 __global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
@@ -24,6 +24,8 @@ __global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesc
   C[row * N + col] = acc;
 }
 // --8<-- [end:coalesced]
+
+BlockTile sgemm_coalesced_tile() { return {kCoalescedTile, kCoalescedTile}; }
 
 void launch_sgemm_coalesced(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   const dim3 block(kCoalescedTile, kCoalescedTile);

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/04_blocktiling_1d.cu by `./course labs` [lab-hash 782896434715].
+// Lab skeleton generated from solutions/04-tiled-matmul/04_blocktiling_1d.cu by `./course labs` [lab-hash 68d41f43cfaf].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 4: 1D register blocking. Kernel 3 does one FMA per two shared-memory loads, so
@@ -16,12 +16,12 @@ constexpr int kBlockK = 8;                 // the depth of each shared-memory st
 constexpr int kThreadM = 8;                // outputs per thread, down a column
 // Each thread computes kThreadM outputs, so the tile needs this many threads:
 constexpr int kThreads = kBlockM * kBlockN / kThreadM;  // 512
-static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, within the block limit");
+static_assert(kThreads % course::kWarpSize == 0 && kThreads <= 1024, "whole warps, within the block limit");
 // Loading: each thread brings one float of the A tile and one of the B tile per step.
 static_assert(kBlockM * kBlockK == kThreads, "the A tile (64 x 8) is one float per thread");
 static_assert(kBlockK * kBlockN == kThreads, "the B tile (8 x 64) is one float per thread");
 // A warp covers 32 consecutive columns of one row of B and of the output: coalesced.
-static_assert(kBlockN % 32 == 0, "a warp's threads share their output rows");
+static_assert(kBlockN % course::kWarpSize == 0, "a warp's threads share their output rows");
 // (64 + 64) * 8 * 4 = 4 KiB of shared memory per block.
 static_assert((kBlockM + kBlockN) * kBlockK * sizeof(float) <= 48 * 1024, "static shared memory limit");
 // --8<-- [end:config]
@@ -61,6 +61,8 @@ __global__ void __launch_bounds__(kThreads) sgemm_blocktiling_1d(const float* __
   }
 }
 // --8<-- [end:blocktiling_1d]
+
+BlockTile sgemm_blocktiling_1d_tile() { return {kBlockM, kBlockN}; }
 
 void launch_sgemm_blocktiling_1d(const float* A, const float* B, float* C, int M, int N, int K,
                                  cudaStream_t stream) {

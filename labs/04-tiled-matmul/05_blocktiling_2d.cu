@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/05_blocktiling_2d.cu by `./course labs` [lab-hash aabcf3e85415].
+// Lab skeleton generated from solutions/04-tiled-matmul/05_blocktiling_2d.cu by `./course labs` [lab-hash 7088bc507089].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 5: 2D register blocking. Each thread computes an 8 x 8 square of outputs: per
@@ -19,7 +19,7 @@ constexpr int kThreadM = 8, kThreadN = 8;    // each thread's square of C
 // registers: exactly one SM's register file on sm_75 ... sm_90.
 constexpr int kThreads = (kBlockM / kThreadM) * (kBlockN / kThreadN);  // 16 x 16 = 256
 static_assert(kThreadM * kThreadN == 64, "64 accumulators: more would spill past 255 registers per thread");
-static_assert(kThreads == 256 && kThreads % 32 == 0, "8 whole warps; 2 blocks fit an SM's 64K registers");
+static_assert(kThreads == 256 && kThreads % course::kWarpSize == 0, "8 whole warps; 2 blocks fit an SM's 64K registers");
 // __launch_bounds__(kThreads, kMinBlocksPerSm) makes ptxas hold each thread to
 // 65536 / (2 * 256) = 128 registers, so that two blocks (16 warps) are resident per SM:
 // while one block waits at __syncthreads, the other computes.
@@ -58,6 +58,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
   // TODO(lab04.2): for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0 outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j] = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to C where row < M and col < N (store_tile<1> in tiled_matmul.h does that)
 }
 // --8<-- [end:blocktiling_2d]
+
+BlockTile sgemm_blocktiling_2d_tile() { return {kBlockM, kBlockN}; }
 
 void launch_sgemm_blocktiling_2d(const float* A, const float* B, float* C, int M, int N, int K,
                                  cudaStream_t stream) {

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/06_vectorized.cu by `./course labs` [lab-hash bbf0db41d69a].
+// Lab skeleton generated from solutions/04-tiled-matmul/06_vectorized.cu by `./course labs` [lab-hash 891bd6369c0c].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 6: vectorized loads. Kernel 5's tiles, moved in 16-byte float4s: one float4 load
@@ -83,6 +83,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_vectorized(co
   store_tile<kVector>(C, acc, row0 + thread_row, col0 + thread_col, M, N);  // float4 stores, guarded per float4
 }
 // --8<-- [end:vectorized]
+
+BlockTile sgemm_vectorized_tile() { return {kBlockM, kBlockN}; }
 
 void launch_sgemm_vectorized(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   if (!can_vectorize(M, N, K, reinterpret_cast<uintptr_t>(A), reinterpret_cast<uintptr_t>(B),

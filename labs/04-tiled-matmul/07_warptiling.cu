@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/07_warptiling.cu by `./course labs` [lab-hash 068044fc204f].
+// Lab skeleton generated from solutions/04-tiled-matmul/07_warptiling.cu by `./course labs` [lab-hash 5f77c60e7f05].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 7 (the stretch): warp tiling and double buffering. Kernel 6's block tile and
@@ -17,7 +17,7 @@
 namespace {
 // --8<-- [start:config]
 constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 8;
-constexpr int kThreads = 256, kWarps = kThreads / 32, kMinBlocksPerSm = 2;
+constexpr int kThreads = 256, kWarps = kThreads / course::kWarpSize, kMinBlocksPerSm = 2;
 constexpr int kVector = 4;
 // Warp tile: 8 warps as 4 (down M) x 2 (across N) tiles of 32 x 64.
 constexpr int kWarpM = 32, kWarpN = 64;
@@ -26,7 +26,7 @@ static_assert((kBlockM / kWarpM) * (kBlockN / kWarpN) == kWarps, "the warp tiles
 // Within a quarter (16 x 32) the 32 lanes sit as 4 rows x 8 columns of squares.
 constexpr int kSquare = 4, kSquaresM = 2, kSquaresN = 2;
 constexpr int kLanesM = kWarpM / kSquaresM / kSquare, kLanesN = kWarpN / kSquaresN / kSquare;  // 4, 8
-static_assert(kLanesM * kLanesN == 32, "one square per lane in each quarter of the warp tile");
+static_assert(kLanesM * kLanesN == course::kWarpSize, "one square per lane in each quarter of the warp tile");
 static_assert(kSquare == kVector, "a square's row is one float4: one 16-byte shared-memory load");
 // Why this is conflict-free: for one k, the warp's B reads are 8 lanes-in-N float4s at
 // consecutive 16-byte addresses (128 bytes, one wavefront; the 4 lanes-in-M repeat them:
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(co
   __shared__ __align__(16) float a_tile[kStages][kBlockK][kBlockM + kPadA];  // transposed, as in kernel 6
   __shared__ __align__(16) float b_tile[kStages][kBlockK][kBlockN];
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int t = threadIdx.x, warp = t / course::kWarpSize, lane = t % course::kWarpSize;
   // This thread's squares start at rows warp_row + lane_row + {0, kWarpM / 2} and columns
   // warp_col + lane_col + {0, kWarpN / 2} of the block tile.
   const int warp_row = (warp / (kBlockN / kWarpN)) * kWarpM, warp_col = (warp % (kBlockN / kWarpN)) * kWarpN;
@@ -129,6 +129,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(co
   }
 }
 // --8<-- [end:warptiling]
+
+BlockTile sgemm_warptiling_tile() { return {kBlockM, kBlockN}; }
 
 void launch_sgemm_warptiling(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   if (!can_vectorize(M, N, K, reinterpret_cast<uintptr_t>(A), reinterpret_cast<uintptr_t>(B),

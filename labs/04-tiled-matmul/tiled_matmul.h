@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/tiled_matmul.h by `./course labs` [lab-hash 7248879bfa8b].
+// Lab skeleton generated from solutions/04-tiled-matmul/tiled_matmul.h by `./course labs` [lab-hash 02227d1bc391].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 04's kernel launchers: C = A @ B in fp32, row-major A [M, K], B [K, N], C [M, N].
@@ -11,6 +11,20 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+// The tile of C one block of a kernel computes, rows x columns: the grader names the tile of a
+// wrong element with it. Kernel k's comes from the function beside its launcher.
+struct BlockTile {
+  int rows;
+  int cols;
+};
+BlockTile sgemm_naive_tile();
+BlockTile sgemm_coalesced_tile();
+BlockTile sgemm_smem_tiles_tile();
+BlockTile sgemm_blocktiling_1d_tile();
+BlockTile sgemm_blocktiling_2d_tile();
+BlockTile sgemm_vectorized_tile();  // also kernel 5's, which it runs when it cannot use float4s
+BlockTile sgemm_warptiling_tile();  // likewise
 
 // Every kernel indexes with 32-bit ints (fewer registers in the inner loops); the wrapper
 // refuses matrices of 2^31 elements or more, so `row * ld + col` never overflows.

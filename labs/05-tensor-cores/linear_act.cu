@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 635efd12c23e].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 17fe96c947fc].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05: out = act(x @ weight^T + bias) on tensor cores, in one kernel.
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 
 TileConfig tile_config(int capability_major) {
   const int stages = capability_major >= 8 ? kStagesAsync : kStagesSync;
-  return {kBlockM, kBlockN, kBlockK, stages, kThreads, shared_bytes_for(stages)};
+  return {kBlockM, kBlockN, kBlockK, stages, kThreads, shared_bytes_for(stages), kChunksPerRow};
 }
 
 template <typename T, int kStages>

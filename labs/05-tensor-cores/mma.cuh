@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash 880de123f889].
+// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash 14e98a7c8328].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's tensor-core building blocks: the fragment layout of mma.m16n8k16, the PTX
@@ -6,6 +6,7 @@
 // one instruction or a few integer operations; the GEMM in linear_act.cu is built from them.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,7 +17,7 @@
 
 // The per-warp MMA shape: D[16x8] (fp32) += A[16x16] (row-major) * B[16x8] (col-major).
 constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
-constexpr int kWarpSize = 32;
+using course::kWarpSize;
 // One 16-byte chunk holds 8 two-byte elements: the unit of cp.async, ldmatrix rows and swizzling.
 constexpr int kChunkBytes = 16;
 constexpr int kElementsPerChunk = kChunkBytes / 2;

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/tensor_cores.h by `./course labs` [lab-hash 4fd5d37939e2].
+// Lab skeleton generated from solutions/05-tensor-cores/tensor_cores.h by `./course labs` [lab-hash 1b7c7d4d2556].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's launcher and host-side helpers: plain pointers, sizes and a stream, no torch
@@ -27,11 +27,14 @@ void launch_linear_act_wgmma(ElementType type, const void* x, const void* weight
                              int64_t M, int64_t N, int64_t K, Activation activation, cudaStream_t stream);
 bool wgmma_available();
 
-// The block tile and the shared memory one block uses on a GPU of this compute capability.
+// The block tile and the shared memory one block uses on a GPU of this compute capability;
+// chunks_per_row is the 16-byte chunks in a row of a k-slice (kBlockK two-byte elements).
 struct TileConfig {
-  int block_m, block_n, block_k, stages, threads, shared_bytes;
+  int block_m, block_n, block_k, stages, threads, shared_bytes, chunks_per_row;
 };
 TileConfig tile_config(int capability_major);
+// The same for the Hopper path (linear_act_wgmma.cu), whatever GPU this is.
+TileConfig wgmma_tile_config();
 
 // Fragment layout of mma.m16n8k16 (see mma.cuh), exposed so the grader checks it without a GPU.
 struct Position {

@@ -1,11 +1,10 @@
 """Serve the site's own CSS from site/css, so lessons/ holds only lesson pages."""
 from __future__ import annotations
 
-from pathlib import Path
-
+from _trees import trees
 from mkdocs.structure.files import File
 
-CSS = Path(__file__).resolve().parents[1] / "css"
+CSS = trees.SITE_SOURCES / "css"
 
 
 def on_files(files, config):

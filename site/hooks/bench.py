@@ -14,12 +14,13 @@ import os
 import re
 from pathlib import Path
 
+from _trees import trees
 from mkdocs.structure.files import File
 
 log = logging.getLogger("mkdocs.hooks.bench")
 # COURSE_BENCH_DATA points the build at another folder of results (a test build, a GPU box's
 # fresh run); the committed ones are the default.
-DATA = Path(os.environ.get("COURSE_BENCH_DATA") or Path(__file__).resolve().parents[1] / "data" / "bench")
+DATA = Path(os.environ.get("COURSE_BENCH_DATA") or trees.BENCH_DATA)
 MARKER = re.compile(r"<!--\s*bench:\s*([0-9]{2}-[a-z0-9-]+)\s*-->")
 BAR_HEIGHT, GAP, LABEL_WIDTH, PLOT_WIDTH = 22, 10, 230, 420
 

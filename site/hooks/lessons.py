@@ -24,18 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-import runpy
 from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
+from _trees import trees
 
 log = logging.getLogger("mkdocs.hooks.lessons")
-ROOT = Path(__file__).resolve().parents[2]
-# The file types that may hold TODO(labNN.k) markers: tests/harness/trees.py, the one module that knows
-# the repository's layout (run by path: the tests.harness package would import torch).
-GENERATED_SUFFIXES = runpy.run_path(str(ROOT / "tests" / "harness" / "trees.py"))["GENERATED_SUFFIXES"]
-SYLLABUS = ROOT / "site" / "data" / "syllabus.yml"
+SYLLABUS = trees.SITE_SOURCES / "data" / "syllabus.yml"
 BRANCH = "main"  # the branch the repository links and the Colab links point at
 LESSON_PAGE = re.compile(r"^(\d\d)-([a-z0-9-]+)\.md$")
 TASK_ID = re.compile(r"TODO\((lab\d\d\.\d+)\)")
@@ -68,11 +64,11 @@ def _nav_pages(nav) -> list[str]:
 
 def lesson_status(number: str, nav_pages: list[str]) -> tuple[str, str | None]:
     """(status, page file name or None) of lesson `number`, from what the repository holds."""
-    page = _one(ROOT / "lessons", number, ".md")
-    lab = _one(ROOT / "labs", number)
-    solution = _one(ROOT / "solutions", number)
+    page = _one(trees.LESSONS, number, ".md")
+    lab = _one(trees.LABS, number)
+    solution = _one(trees.SOLUTIONS, number)
     if page and lab and lab.is_dir():
-        bench = ROOT / "site" / "data" / "bench" / f"{lab.name}.json"
+        bench = trees.BENCH_DATA / f"{lab.name}.json"
         cases = json.loads(bench.read_text())["cases"] if bench.exists() else []
         return ("below-target" if any(c["ratio"] < c["target"] for c in cases) else "ready"), page.name
     in_nav = any(re.match(rf"^{number}-[a-z0-9-]+\.md$", p) for p in nav_pages)
@@ -93,7 +89,7 @@ def repo_parts(config) -> tuple[str, str] | None:
 def task_ids(lab: Path) -> list[str]:
     ids: set[str] = set()
     for path in lab.rglob("*"):
-        if path.is_file() and path.suffix in GENERATED_SUFFIXES:
+        if path.is_file() and path.suffix in trees.GENERATED_SUFFIXES:
             ids.update(TASK_ID.findall(path.read_text(errors="replace")))
     return sorted(ids, key=lambda t: [int(x) for x in re.findall(r"\d+", t)])
 
@@ -116,7 +112,7 @@ def syllabus_table(config) -> str:
 def lab_box(number: str, name: str, config) -> tuple[str, list[str]]:
     """The markdown of the lab box, and the problems found on the way."""
     problems: list[str] = []
-    lab = ROOT / "labs" / name
+    lab = trees.LABS / name
     if not lab.is_dir():
         return "", [f"its lab folder labs/{name}/ does not exist (run ./course labs after adding solutions/{name}/)"]
     repo = repo_parts(config)
@@ -176,7 +172,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                         'you can"` admonition before the first section)')
     if not EXERCISES.search(markdown):
         problems.append("it has no `## Exercises` section")
-    lab = ROOT / "labs" / name
+    lab = trees.LABS / name
     if lab.is_dir():
         missing = [t for t in task_ids(lab) if not re.search(rf"\b{re.escape(t)}\b", markdown)]
         if missing:

@@ -2,14 +2,15 @@
 // kernel file compiles without torch headers and the wrapper is the only bridge.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-struct LaunchConfig {
-  int blocks;
-  int threads;
-};
+using course::LaunchConfig;
+
+// The kernels' threads per block (kThreadsPerBlock), for the grader and the notebook.
+int threads_per_block();
 
 // Threads per block and blocks per grid for a grid-stride loop over n >= 1 elements,
 // given the GPU's multiprocessor count and resident-thread limit per multiprocessor.

@@ -14,11 +14,13 @@
 //    hit that cap before the 2048 resident threads of sm_80/sm_90 (1024 on sm_75);
 //  - it divides 1024 and 2048, so whole blocks fill an SM on every GPU we support.
 constexpr int kThreadsPerBlock = 256;
-static_assert(kThreadsPerBlock % 32 == 0, "whole warps only");
+static_assert(kThreadsPerBlock % course::kWarpSize == 0, "whole warps only");
 static_assert(kThreadsPerBlock <= 1024, "the hardware limit of threads per block");
 static_assert(kThreadsPerBlock >= 2048 / 32, "32 blocks per SM must be able to reach 2048 threads");
 static_assert(1024 % kThreadsPerBlock == 0 && 2048 % kThreadsPerBlock == 0, "whole blocks fill an SM");
 // --8<-- [end:threads]
+
+int threads_per_block() { return kThreadsPerBlock; }
 
 // --8<-- [start:scale_kernel]
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float alpha, int64_t n) {

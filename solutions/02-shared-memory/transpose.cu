@@ -9,8 +9,9 @@
 
 #include "transpose.h"
 
+using course::kWarpSize;
+
 // --8<-- [start:tile_shape]
-constexpr int kWarpSize = 32;
 // A tile row is one warp wide: 32 lanes x 4 B = 128 B, the line a warp's load is served in,
 // so a warp reading one tile row (or writing one) touches exactly one 128-byte line.
 constexpr int kTile = kWarpSize;
@@ -176,7 +177,7 @@ TileGrid transpose_grid(int64_t batch, int64_t rows, int64_t cols) {
 }
 // --8<-- [end:grid]
 
-TileLayout tile_layout() { return {kTile, kBlockRows, kTile, kPaddedRowStride}; }
+TileLayout tile_layout() { return {kTile, kBlockRows, kTile, kPaddedRowStride, kWarpSize, kBanks, kBankWidthBytes}; }
 
 // --8<-- [start:launch]
 void launch_transpose(TransposeKernel kernel, const float* in, float* out, const TransposeShape& shape,

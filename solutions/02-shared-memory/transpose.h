@@ -29,6 +29,9 @@ struct TileLayout {
   int block_rows;         // a block is tile x block_rows threads
   int tiled_row_stride;   // floats between rows of the shared tile in the unpadded kernel
   int padded_row_stride;  // ... and in the conflict-free one
+  int warp_size;          // lanes of a warp: a tile row is one warp wide
+  int banks;              // shared-memory banks ...
+  int bank_bytes;         // ... each this many bytes wide
 };
 
 enum class TransposeKernel { kNaive, kTiled, kPadded };

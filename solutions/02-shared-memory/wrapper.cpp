@@ -60,7 +60,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         d["block_rows"] = t.block_rows;
         d["tiled_row_stride"] = t.tiled_row_stride;
         d["padded_row_stride"] = t.padded_row_stride;
+        d["warp_size"] = t.warp_size;
+        d["banks"] = t.banks;
+        d["bank_bytes"] = t.bank_bytes;
         return d;
       },
-      "the tile and block shapes of the kernels, and the row strides of their shared tiles");
+      "the tile and block shapes of the kernels, the row strides of their shared tiles, and the warp and bank "
+      "widths those derive from");
 }

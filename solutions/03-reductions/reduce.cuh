@@ -3,6 +3,7 @@
 // and block all-reduce. Device code only; no torch.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -11,10 +12,8 @@
 
 namespace reduce {
 
-constexpr int kWarpSize = 32;
-// Every lane of the warp takes part in each shuffle: bit i of the mask is lane i.
-constexpr unsigned kFullWarpMask = 0xffffffffu;
-static_assert(sizeof(kFullWarpMask) * 8 == kWarpSize, "one mask bit per lane");
+using course::kFullWarpMask;
+using course::kWarpSize;
 
 // 256 threads = 8 warps, for the reasons of lesson 00 (whole warps, 2048 / 256 = 8 blocks
 // fill an SM). The block reduce keeps one value per warp in shared memory and lets one
@@ -41,8 +40,9 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 // A 16-byte load is the widest one instruction makes: 4 floats or 8 bfloat16s.
+constexpr int kVectorBytes = 16;
 template <typename T>
-constexpr int kElemsPerVector = 16 / sizeof(T);
+constexpr int kElemsPerVector = kVectorBytes / sizeof(T);
 
 // The kElemsPerVector elements at p (16-byte aligned), as floats, in one 16-byte load.
 template <typename T>
@@ -70,8 +70,8 @@ __device__ __forceinline__ void load_vector(const T* p, float (&out)[kElemsPerVe
 // loop must handle one element at a time before its first aligned vector.
 template <typename T>
 __host__ __device__ inline int64_t elements_before_alignment(const T* p, int64_t n) {
-  const auto misalignment = reinterpret_cast<uintptr_t>(p) % 16;
-  const int64_t head = misalignment ? static_cast<int64_t>((16 - misalignment) / sizeof(T)) : 0;
+  const auto misalignment = reinterpret_cast<uintptr_t>(p) % kVectorBytes;
+  const int64_t head = misalignment ? static_cast<int64_t>((kVectorBytes - misalignment) / sizeof(T)) : 0;
   return head < n ? head : n;
 }
 

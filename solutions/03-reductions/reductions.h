@@ -4,15 +4,22 @@
 // Every kernel accumulates in float, whatever it loads.
 #pragma once
 
+#include <course/cuda.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-struct LaunchConfig {
-  int blocks;
-  int threads;
+using course::LaunchConfig;
+
+// The numbers the kernels are built with (reduce.cuh, row_stats.cu), for the grader and the notebook.
+struct ReductionConstants {
+  int warp_size;
+  int threads_per_block;
+  int vector_bytes;      // one vector load
+  int longest_warp_row;  // row_stats gives rows of up to this many columns to a warp, longer ones to a block
 };
+ReductionConstants reduction_constants();
 
 // The first pass of the sum: one partial sum per block, one full wave of blocks
 // (sm_count * resident_blocks_per_sm, what the occupancy calculator says fits),

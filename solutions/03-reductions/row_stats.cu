@@ -22,6 +22,10 @@ int row_stats_threads_per_row(int64_t cols) {
 }
 // --8<-- [end:threads_per_row]
 
+ReductionConstants reduction_constants() {
+  return {kWarpSize, kThreadsPerBlock, reduce::kVectorBytes, kWarpSize * kMaxElemsPerLane};
+}
+
 // kElems consecutive elements at p as floats: one 16-byte load, or one element.
 template <typename T, int kElems>
 __device__ __forceinline__ void load_elems(const T* p, float (&v)[kElems]) {

@@ -104,12 +104,10 @@ LaunchConfig sum_grid(int64_t n, int sm_count, int resident_blocks_per_sm) {
 template <typename T>
 LaunchConfig sum_launch_config(int64_t n, int blocks_override) {
   // Registers, not only the thread limit, can cap the blocks an SM holds: ask the
-  // occupancy calculator how many of THIS kernel fit, once per element type.
-  static int resident_blocks_per_sm = 0;
-  if (resident_blocks_per_sm == 0) {
-    COURSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &resident_blocks_per_sm, partial_sums_kernel<T, false>, kThreadsPerBlock, 0));
-  }
+  // occupancy calculator how many of THIS kernel fit, once per element type and GPU.
+  static course::PerDeviceCache occupancy;  // a static of this template: one per element type
+  const int resident_blocks_per_sm =
+      course::resident_blocks_per_sm(occupancy, partial_sums_kernel<T, false>, kThreadsPerBlock);
   LaunchConfig config = sum_grid(n, course::device_attribute(cudaDevAttrMultiProcessorCount), resident_blocks_per_sm);
   if (blocks_override > 0) config.blocks = blocks_override;
   return config;
@@ -149,20 +147,28 @@ __global__ void warp_reduce_kernel(const T* __restrict__ x, int64_t n, float* __
 }
 // --8<-- [end:warp_reduce_kernel]
 
+// A grid-stride loop over segments: one wave of blocks (as the sum's first pass), fewer when
+// the segments do not fill it.
+template <typename T, typename Op>
+static void launch_warp_reduce_with(const T* x, int64_t n, float* out, Op op, cudaStream_t stream) {
+  constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
+  static course::PerDeviceCache occupancy;  // a static of this template: one per kernel
+  const int64_t one_wave = static_cast<int64_t>(course::device_attribute(cudaDevAttrMultiProcessorCount)) *
+                           course::resident_blocks_per_sm(occupancy, warp_reduce_kernel<T, Op>, kThreadsPerBlock);
+  const int64_t needed_blocks = course::ceil_div<int64_t>(course::ceil_div<int64_t>(n, kWarpSize), kWarpsPerBlock);
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min(needed_blocks, one_wave)));
+  warp_reduce_kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(x, n, out, op);
+  COURSE_CHECK_LAUNCH();
+}
+
 template <typename T>
 void launch_warp_reduce(const T* x, int64_t n, ReduceOp op, float* out, cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
-  const int64_t resident_blocks = static_cast<int64_t>(course::device_attribute(cudaDevAttrMultiProcessorCount)) *
-                                  course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor) / kThreadsPerBlock;
-  const int blocks = static_cast<int>(
-      std::min(course::ceil_div<int64_t>(course::ceil_div<int64_t>(n, kWarpSize), kWarpsPerBlock), resident_blocks));
   if (op == ReduceOp::kSum) {
-    warp_reduce_kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(x, n, out, reduce::Sum{});
+    launch_warp_reduce_with(x, n, out, reduce::Sum{}, stream);
   } else {
-    warp_reduce_kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(x, n, out, reduce::Max{});
+    launch_warp_reduce_with(x, n, out, reduce::Max{}, stream);
   }
-  COURSE_CHECK_LAUNCH();
 }
 
 // The two element types the wrapper dispatches to.

@@ -24,6 +24,8 @@ __global__ void __launch_bounds__(kNaiveTile * kNaiveTile) sgemm_naive(const flo
 }
 // --8<-- [end:naive]
 
+BlockTile sgemm_naive_tile() { return {kNaiveTile, kNaiveTile}; }
+
 void launch_sgemm_naive(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   const dim3 block(kNaiveTile, kNaiveTile);
   const dim3 grid(course::ceil_div(M, kNaiveTile), course::ceil_div(N, kNaiveTile));

@@ -5,7 +5,7 @@
 #include "tiled_matmul.h"
 
 constexpr int kCoalescedTile = 32;
-static_assert(kCoalescedTile == 32, "one warp per row of the block: threadIdx.x spans exactly a warp");
+static_assert(kCoalescedTile == course::kWarpSize, "one warp per row of the block: threadIdx.x spans exactly a warp");
 
 // --8<-- [start:coalesced]
 __global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
@@ -21,6 +21,8 @@ __global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesc
   C[row * N + col] = acc;
 }
 // --8<-- [end:coalesced]
+
+BlockTile sgemm_coalesced_tile() { return {kCoalescedTile, kCoalescedTile}; }
 
 void launch_sgemm_coalesced(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   const dim3 block(kCoalescedTile, kCoalescedTile);

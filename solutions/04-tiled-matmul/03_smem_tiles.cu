@@ -11,7 +11,7 @@
 // threads, and each thread loads one float of the A tile and one of the B tile per step.
 constexpr int kTile = 32;
 static_assert(kTile * kTile <= 1024, "one thread per output: a block holds at most 1024 threads");
-static_assert(kTile % 32 == 0, "threadIdx.x spans whole warps, so each row of a tile is a coalesced load");
+static_assert(kTile % course::kWarpSize == 0, "threadIdx.x spans whole warps, so each row of a tile is a coalesced load");
 // Two tiles of kTile^2 floats: 2 * 32 * 32 * 4 = 8 KiB, within the 48 KiB a block may use
 // without opting in, on every GPU from sm_75 up.
 constexpr int kSmemTilesBytes = 2 * kTile * kTile * static_cast<int>(sizeof(float));
@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(kTile * kTile) sgemm_smem_tiles(const float* _
   // SOLUTION END
 }
 // --8<-- [end:smem_tiles]
+
+BlockTile sgemm_smem_tiles_tile() { return {kTile, kTile}; }
 
 void launch_sgemm_smem_tiles(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   const dim3 block(kTile, kTile);

@@ -16,7 +16,7 @@ constexpr int kThreadM = 8, kThreadN = 8;    // each thread's square of C
 // registers: exactly one SM's register file on sm_75 ... sm_90.
 constexpr int kThreads = (kBlockM / kThreadM) * (kBlockN / kThreadN);  // 16 x 16 = 256
 static_assert(kThreadM * kThreadN == 64, "64 accumulators: more would spill past 255 registers per thread");
-static_assert(kThreads == 256 && kThreads % 32 == 0, "8 whole warps; 2 blocks fit an SM's 64K registers");
+static_assert(kThreads == 256 && kThreads % course::kWarpSize == 0, "8 whole warps; 2 blocks fit an SM's 64K registers");
 // __launch_bounds__(kThreads, kMinBlocksPerSm) makes ptxas hold each thread to
 // 65536 / (2 * 256) = 128 registers, so that two blocks (16 warps) are resident per SM:
 // while one block waits at __syncthreads, the other computes.
@@ -80,6 +80,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
   // SOLUTION END
 }
 // --8<-- [end:blocktiling_2d]
+
+BlockTile sgemm_blocktiling_2d_tile() { return {kBlockM, kBlockN}; }
 
 void launch_sgemm_blocktiling_2d(const float* A, const float* B, float* C, int M, int N, int K,
                                  cudaStream_t stream) {

@@ -89,6 +89,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_vectorized(co
 }
 // --8<-- [end:vectorized]
 
+BlockTile sgemm_vectorized_tile() { return {kBlockM, kBlockN}; }
+
 void launch_sgemm_vectorized(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   if (!can_vectorize(M, N, K, reinterpret_cast<uintptr_t>(A), reinterpret_cast<uintptr_t>(B),
                      reinterpret_cast<uintptr_t>(C))) {

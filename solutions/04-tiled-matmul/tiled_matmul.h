@@ -9,6 +9,20 @@
 
 #include <cstdint>
 
+// The tile of C one block of a kernel computes, rows x columns: the grader names the tile of a
+// wrong element with it. Kernel k's comes from the function beside its launcher.
+struct BlockTile {
+  int rows;
+  int cols;
+};
+BlockTile sgemm_naive_tile();
+BlockTile sgemm_coalesced_tile();
+BlockTile sgemm_smem_tiles_tile();
+BlockTile sgemm_blocktiling_1d_tile();
+BlockTile sgemm_blocktiling_2d_tile();
+BlockTile sgemm_vectorized_tile();  // also kernel 5's, which it runs when it cannot use float4s
+BlockTile sgemm_warptiling_tile();  // likewise
+
 // Every kernel indexes with 32-bit ints (fewer registers in the inner loops); the wrapper
 // refuses matrices of 2^31 elements or more, so `row * ld + col` never overflows.
 using SgemmLauncher = void (*)(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream);

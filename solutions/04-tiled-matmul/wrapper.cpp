@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <string>
+#include <utility>
 
 #include "tiled_matmul.h"
 
@@ -12,17 +13,18 @@ namespace {
 struct Rung {
   const char* name;
   SgemmLauncher launch;
+  BlockTile (*tile)();
 };
 // Index = the kernel's number: rung 1 is 01_naive.cu, and so on up the ladder.
 constexpr Rung kLadder[] = {
-    {nullptr, nullptr},
-    {"naive", launch_sgemm_naive},
-    {"coalesced", launch_sgemm_coalesced},
-    {"smem tiles", launch_sgemm_smem_tiles},
-    {"1D register blocking", launch_sgemm_blocktiling_1d},
-    {"2D register blocking", launch_sgemm_blocktiling_2d},
-    {"vectorized", launch_sgemm_vectorized},
-    {"warp tiling", launch_sgemm_warptiling},
+    {nullptr, nullptr, nullptr},
+    {"naive", launch_sgemm_naive, sgemm_naive_tile},
+    {"coalesced", launch_sgemm_coalesced, sgemm_coalesced_tile},
+    {"smem tiles", launch_sgemm_smem_tiles, sgemm_smem_tiles_tile},
+    {"1D register blocking", launch_sgemm_blocktiling_1d, sgemm_blocktiling_1d_tile},
+    {"2D register blocking", launch_sgemm_blocktiling_2d, sgemm_blocktiling_2d_tile},
+    {"vectorized", launch_sgemm_vectorized, sgemm_vectorized_tile},
+    {"warp tiling", launch_sgemm_warptiling, sgemm_warptiling_tile},
 };
 constexpr int64_t kKernels = sizeof(kLadder) / sizeof(kLadder[0]) - 1;
 // The launchers put M or N tiles of 32 rows on gridDim.y, whose limit is 65535.
@@ -77,6 +79,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return names;
       },
       "{number: name} of the ladder's kernels");
+  m.def(
+      "tiles",
+      [] {
+        pybind11::dict tiles;
+        for (int64_t k = 1; k <= kKernels; ++k) {
+          const BlockTile t = kLadder[k].tile();
+          tiles[pybind11::int_(k)] = std::make_pair(t.rows, t.cols);
+        }
+        return tiles;
+      },
+      "{number: (rows, cols)}: the tile of C one block of each kernel computes");
   m.def(
       "can_vectorize",
       [](int64_t M, int64_t N, int64_t K, uintptr_t a, uintptr_t b, uintptr_t c) {

@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 
 TileConfig tile_config(int capability_major) {
   const int stages = capability_major >= 8 ? kStagesAsync : kStagesSync;
-  return {kBlockM, kBlockN, kBlockK, stages, kThreads, shared_bytes_for(stages)};
+  return {kBlockM, kBlockN, kBlockK, stages, kThreads, shared_bytes_for(stages), kChunksPerRow};
 }
 
 template <typename T, int kStages>

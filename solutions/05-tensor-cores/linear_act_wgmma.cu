@@ -264,18 +264,20 @@ void launch_typed(const void* x, const void* weight, const void* bias, void* out
 
 }  // namespace
 
+TileConfig wgmma_tile_config() {
+  return {kBlockMHopper, kBlockNHopper, kBlockKHopper, kStagesHopper, kThreadsHopper, kSharedBytesHopper,
+          kBlockKHopper / kElementsPerChunk};
+}
+
 bool wgmma_available() {
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int device = 0;
-  COURSE_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < kMaxDevices && cache[device] != 0) return cache[device] == 1;
-  int built = 0;
-  if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9) {
-    COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&built, built_with_wgmma, sizeof(built)));
-  }
-  if (device < kMaxDevices) cache[device] = built == 1 ? 1 : 2;
-  return built == 1;
+  static course::PerDeviceCache built;  // per GPU: a process may hold a Hopper GPU and an older one
+  return built.get([] {
+           int image_has_wgmma = 0;  // the driver loads the sm_90a image only on a 9.0 GPU
+           if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9) {
+             COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, built_with_wgmma, sizeof(image_has_wgmma)));
+           }
+           return image_has_wgmma;
+         }) == 1;
 }
 
 void launch_linear_act_wgmma(ElementType type, const void* x, const void* weight, const void* bias, void* out,

@@ -93,6 +93,13 @@ at::Tensor checked_linear_act(const char* op, Launcher launch, const at::Tensor&
 }
 // --8<-- [end:linear_act]
 
+pybind11::dict tile_dict(const TileConfig& c) {
+  return pybind11::dict(pybind11::arg("block_m") = c.block_m, pybind11::arg("block_n") = c.block_n,
+                        pybind11::arg("block_k") = c.block_k, pybind11::arg("stages") = c.stages,
+                        pybind11::arg("threads") = c.threads, pybind11::arg("shared_bytes") = c.shared_bytes,
+                        pybind11::arg("chunks_per_row") = c.chunks_per_row);
+}
+
 }  // namespace
 
 at::Tensor linear_act(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -116,14 +123,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wgmma_available", [] { return wgmma_available(); },
         "True on a compute capability 9.0 GPU when this build includes sm_90a (TORCH_CUDA_ARCH_LIST=9.0a)");
   m.def(
-      "tile_config",
-      [](int capability_major) {
-        const TileConfig c = tile_config(capability_major);
-        return pybind11::dict(pybind11::arg("block_m") = c.block_m, pybind11::arg("block_n") = c.block_n,
-                              pybind11::arg("block_k") = c.block_k, pybind11::arg("stages") = c.stages,
-                              pybind11::arg("threads") = c.threads, pybind11::arg("shared_bytes") = c.shared_bytes);
-      },
+      "tile_config", [](int capability_major) { return tile_dict(tile_config(capability_major)); },
       "the block tile and shared memory per block on a GPU of this compute capability", pybind11::arg("major"));
+  m.def(
+      "wgmma_tile_config", [] { return tile_dict(wgmma_tile_config()); },
+      "tile_config of the Hopper path (linear_act_wgmma), whatever GPU this is");
+  m.def(
+      "constants",
+      [] {
+        return pybind11::dict(pybind11::arg("warp_size") = course::kWarpSize,
+                              pybind11::arg("shape_multiple") = kShapeMultiple);
+      },
+      "{warp_size, shape_multiple}: the lanes of a warp, and what K and N must be multiples of");
   m.def(
       "accumulator_position",
       [](int lane, int index) {

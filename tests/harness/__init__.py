@@ -7,15 +7,14 @@ submission) comes from `./course grade --impl` through the COURSE_IMPL variable.
 from __future__ import annotations
 
 import re
-from functools import cached_property
-
 import pytest
 import torch
 
 from . import build as _build
 from . import check, perf, trees
-from .mutants import Mutant
 from .check import GradeFailure, poison_allocator, poisoned, random_tensor, tolerance
+from .mutants import Mutant
+from .todos import ALL, reference_check, tasks
 
 HAS_GPU = torch.cuda.is_available()
 NO_GPU_REASON = (
@@ -38,8 +37,9 @@ class LabHandle:
         self.lab = trees.find_lab(number)
         self.tree = trees.resolve_tree()
 
-    @cached_property
+    @property
     def module(self):
+        """The built lab (harness.build caches the module, or the build's failure, per process)."""
         try:
             return _build.build(self.lab, self.tree)
         except Exception as error:  # nvcc/g++/ninja failures arrive as RuntimeError with the log
@@ -51,15 +51,13 @@ class LabHandle:
                 f"  hint: run `./course build {self.lab.number} --impl {self.tree.path}` for the full compiler output"
             ) from None
 
-    def assert_close(self, out, ref, *, case, tol, tasks=(), **kw) -> float:
-        return check.assert_close(out, ref, case=case, tol=tol, lab=self.lab, tree=self.tree, tasks=tasks, **kw)
+    def assert_close(self, out, ref, *, case, tol, **kw) -> float:
+        return check.assert_close(out, ref, case=case, tol=tol, **kw)
 
-    def assert_raises_clearly(self, fn, *, must_mention, case, tasks=()) -> str:
-        return check.assert_raises_clearly(
-            fn, must_mention=must_mention, case=case, lab=self.lab, tree=self.tree, tasks=tasks
-        )
+    def assert_raises_clearly(self, fn, *, must_mention, case) -> str:
+        return check.assert_raises_clearly(fn, must_mention=must_mention, case=case)
 
-    def capture_on_current_stream(self, run, *, inputs, case, tasks=()):
+    def capture_on_current_stream(self, run, *, inputs, case):
         """Capture `run()` (which launches the lab's ops on `inputs` and returns their outputs)
         in a CUDA graph on a side stream; then give the inputs fresh values, poison the outputs,
         replay, and return the outputs, for the test to compare with the new inputs' reference.
@@ -84,7 +82,7 @@ class LabHandle:
             torch.cuda.synchronize()
             raise GradeFailure(
                 f"{case}: launching it while PyTorch captured a CUDA graph on the current stream failed:\n"
-                f"    {str(error).splitlines()[0][:300]}\n{hint}" + check.todo_note(self.lab, self.tree, tasks)
+                f"    {str(error).splitlines()[0][:300]}\n{hint}"
             ) from None
         torch.cuda.synchronize()
         for tensor in _tensors(inputs):
@@ -98,9 +96,6 @@ class LabHandle:
 
     def perf(self, **kw) -> perf.PerfCase:
         return perf.perf_case(lab=self.lab.name, is_reference=self.tree.is_reference, **kw)
-
-    def open_todos(self):
-        return check.open_todos(self.lab, self.tree)
 
 
 def _tensors(value):
@@ -120,6 +115,6 @@ def lab(number: str) -> LabHandle:
 
 
 __all__ = [
-    "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
-    "requires_gpu", "STREAM_HINT", "tolerance", "trees", "perf", "check",
+    "ALL", "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
+    "reference_check", "requires_gpu", "STREAM_HINT", "tasks", "tolerance", "trees", "perf", "check",
 ]

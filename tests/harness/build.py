@@ -8,31 +8,22 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
+import time
 
-from . import trees
+from . import jit, trees
 
 _built: dict[tuple[str, str], object] = {}
+# A submission that does not compile fails the same way for every test that touches it: build
+# it once per process and hand the same error to the rest (load() would re-run ninja each time).
+_failed: dict[tuple[str, str], Exception] = {}
+# One line per compile attempt, in the build folder: how often a grading run invoked the compiler.
+ATTEMPTS_LOG = "build-attempts.log"
 
-CXX_FLAGS = ["-O3", "-std=c++17"]
-# -lineinfo maps SASS back to source lines for Nsight Compute and compute-sanitizer at no speed cost.
-NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
-
-
-def default_arch_list() -> str:
-    """The GPU present (so nvcc compiles one target, fast), else sm_90a as a compile check.
-    Compute capability 9.0 builds for 9.0a, the target that has Hopper's wgmma (lab 05)."""
-    import torch
-
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return "9.0a" if (major, minor) == (9, 0) else f"{major}.{minor}"
-    return "9.0a"
-
-
-def ensure_arch_list() -> str:
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_arch_list())
-    return os.environ["TORCH_CUDA_ARCH_LIST"]
+# The flags and the arch rule are defined once, in jit.py, which the lab notebooks import too.
+CXX_FLAGS = jit.CXX_FLAGS
+NVCC_FLAGS = jit.NVCC_FLAGS
+default_arch_list = jit.default_arch_list
+ensure_arch_list = jit.ensure_arch_list
 
 
 def module_name(lab: trees.Lab, tree: trees.Tree) -> str:
@@ -43,8 +34,21 @@ def module_name(lab: trees.Lab, tree: trees.Tree) -> str:
 def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cflags: list[str] | None = None):
     """Compile (or reuse) the lab in `tree` and return the imported module."""
     key = (tree.tag, lab.name)
-    if key in _built and not extra_cuda_cflags:
-        return _built[key]
+    if not extra_cuda_cflags:
+        if key in _built:
+            return _built[key]
+        if key in _failed:
+            raise _failed[key]
+    try:
+        module = _compile_and_import(lab, tree, verbose, extra_cuda_cflags)
+    except Exception as error:
+        _failed[key] = error
+        raise
+    _built[key] = module
+    return module
+
+
+def _compile_and_import(lab: trees.Lab, tree: trees.Tree, verbose: bool, extra_cuda_cflags: list[str] | None):
     from torch.utils.cpp_extension import load
 
     ensure_arch_list()
@@ -53,8 +57,18 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
         raise FileNotFoundError(f"{lab.dir_in(tree)} has no .cu or .cpp files to build")
     build_dir = lab.build_dir(tree)
     build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ATTEMPTS_LOG, "a") as log:
+        log.write(f"{time.time():.3f} pid {os.getpid()}\n")
     try:
-        module = _load(load, lab, tree, sources, build_dir, verbose, extra_cuda_cflags)
+        return load(
+            name=module_name(lab, tree),
+            sources=[str(s) for s in sources],
+            extra_include_paths=[str(trees.INCLUDE), str(lab.dir_in(tree))],
+            extra_cflags=CXX_FLAGS,
+            extra_cuda_cflags=NVCC_FLAGS + list(extra_cuda_cflags or []),
+            build_directory=str(build_dir),
+            verbose=verbose,
+        )
     except ImportError as error:
         # load() imports without rebuilding when it thinks nothing changed (e.g. after a
         # compile was interrupted); run ninja ourselves so the real compiler error shows.
@@ -62,17 +76,38 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
         if result.returncode != 0:
             raise RuntimeError(f"Error building extension:\n{result.stdout}{result.stderr}") from None
         raise error
-    _built[key] = module
-    return module
 
 
-def _load(load, lab, tree, sources, build_dir, verbose, extra_cuda_cflags):
-    return load(
-        name=module_name(lab, tree),
-        sources=[str(s) for s in sources],
-        extra_include_paths=[str(trees.INCLUDE), str(lab.dir_in(tree))],
-        extra_cflags=CXX_FLAGS,
-        extra_cuda_cflags=NVCC_FLAGS + list(extra_cuda_cflags or []),
-        build_directory=str(build_dir),
-        verbose=verbose,
-    )
+def main(argv: list[str] | None = None) -> int:
+    """`./course build`: PYTHONPATH=tests python -m harness.build LAB [--impl TREE] [-v] [--clean]"""
+    import argparse
+    import shutil
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m harness.build",
+                                     description="compile one lab as the grader does, and report the time")
+    parser.add_argument("lab", help="lab number, name or slug (e.g. 00)")
+    parser.add_argument("--impl", default="labs", help="labs, solutions, or a folder laid out like labs/")
+    parser.add_argument("-v", "--verbose", action="store_true", help="the compiler commands and ptxas's report")
+    parser.add_argument("--clean", action="store_true", help="delete the build folder first (a cold build)")
+    args = parser.parse_args(argv)
+    try:
+        lab, tree = trees.find_lab(args.lab), trees.resolve_tree(args.impl)
+    except (KeyError, FileNotFoundError) as error:
+        print(error.args[0] if error.args else error, file=sys.stderr)
+        return 2
+    if args.clean:
+        shutil.rmtree(lab.build_dir(tree), ignore_errors=True)
+    started = time.perf_counter()
+    try:
+        build(lab, tree, verbose=args.verbose, extra_cuda_cflags=list(jit.PTXAS_REPORT) if args.verbose else None)
+    except Exception as error:  # the compiler's output arrives in the message
+        print(f"{error}\n[course] {lab.name} from {tree.path} did not build", file=sys.stderr)
+        return 1
+    print(f"[course] built {lab.name} from {tree.path} in {time.perf_counter() - started:.1f} s "
+          f"(arch list {ensure_arch_list()}, build dir {lab.build_dir(tree)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,13 +3,9 @@ failure messages that say what went wrong, where, and what to do next."""
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from . import trees
 
 # Unit roundoff u = 2^-(mantissa bits + 1): the largest relative error of one rounding.
 UNIT_ROUNDOFF = {
@@ -33,46 +29,6 @@ def tolerance(dtype: torch.dtype, reduction_length: int = 1) -> float:
 
 class GradeFailure(AssertionError):
     """A failed check; its message is what the student reads."""
-
-
-# ---------------------------------------------------------------- TODO tracking
-TODO_PATTERN = re.compile(r"TODO\((lab\d\d\.\d+)\):?\s*(.*)")
-
-
-@dataclass(frozen=True)
-class Todo:
-    task: str
-    path: Path
-    line: int
-    text: str
-
-    def __str__(self) -> str:
-        return f"TODO({self.task}) at {self.path.name}:{self.line}: {self.text}"
-
-
-def open_todos(lab: trees.Lab, tree: trees.Tree) -> list[Todo]:
-    """The TODO(labNN.k) markers still present in the tree's copy of the lab."""
-    found = []
-    folder = lab.dir_in(tree)
-    if not folder.is_dir():
-        return found
-    for path in sorted(folder.iterdir()):
-        if path.suffix not in trees.GENERATED_SUFFIXES or path.suffix == ".ipynb":
-            continue
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            match = TODO_PATTERN.search(line)
-            if match and match.group(1).startswith(lab.module_stem):
-                found.append(Todo(match.group(1), path, number, match.group(2).strip()))
-    return found
-
-
-def todo_note(lab: trees.Lab, tree: trees.Tree, tasks: tuple[str, ...] = ()) -> str:
-    """A line for the failure message when the task under test is still a TODO."""
-    todos = [t for t in open_todos(lab, tree) if not tasks or t.task in tasks]
-    if not todos:
-        return ""
-    lines = "\n".join(f"    {t}" for t in todos)
-    return f"\n{trees.UNFINISHED}\n{lines}"
 
 
 # ---------------------------------------------------------------- inputs and outputs
@@ -122,9 +78,6 @@ def assert_close(
     *,
     case: str,
     tol: float,
-    lab: trees.Lab | None = None,
-    tree: trees.Tree | None = None,
-    tasks: tuple[str, ...] = (),
     block: int | None = None,
     tile: tuple[int, int] | None = None,
     hint: str = "",
@@ -138,10 +91,7 @@ def assert_close(
     the element was never written.
     """
     if tuple(out.shape) != tuple(ref.shape):
-        raise GradeFailure(
-            f"{case}: output shape {tuple(out.shape)} but expected {tuple(ref.shape)}"
-            + (todo_note(lab, tree, tasks) if lab else "")
-        )
+        raise GradeFailure(f"{case}: output shape {tuple(out.shape)} but expected {tuple(ref.shape)}")
     got = out.detach().to(torch.float64)
     want = ref.detach().to(torch.float64).to(got.device)
     diff = (got - want).abs()
@@ -173,13 +123,10 @@ def assert_close(
         )
     if hint:
         lines.append(f"  hint: {hint}")
-    message = "\n".join(lines)
-    if lab is not None and tree is not None:
-        message += todo_note(lab, tree, tasks)
-    raise GradeFailure(message)
+    raise GradeFailure("\n".join(lines))
 
 
-def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str, lab=None, tree=None, tasks=()) -> str:
+def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str) -> str:
     """Bad input must raise an error whose message names the problem."""
     try:
         fn()
@@ -189,9 +136,6 @@ def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str, lab=N
         if missing:
             raise GradeFailure(
                 f"{case}: raised, but the message does not mention {missing}; it said:\n    {text.splitlines()[0][:300]}"
-                + (todo_note(lab, tree, tasks) if lab else "")
             ) from None
         return text
-    raise GradeFailure(
-        f"{case}: expected a clear error, but the call returned normally" + (todo_note(lab, tree, tasks) if lab else "")
-    )
+    raise GradeFailure(f"{case}: expected a clear error, but the call returned normally")

@@ -6,46 +6,24 @@ baseline interleaved (so clock drift hits both), the median of many runs.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
+from . import jit
 from .check import GradeFailure
 
 # Every perf case measured in this process; conftest writes them out for `./course bench`.
 RESULTS: list[dict] = []
 _ceilings: dict[str, float] = {}
-_flush: dict[int, torch.Tensor] = {}
-
-
-def _flush_l2() -> None:
-    device = torch.cuda.current_device()
-    if device not in _flush:
-        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-        _flush[device] = torch.empty(2 * l2_bytes // 4, dtype=torch.float32, device="cuda")
-    _flush[device].zero_()
 
 
 def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 25, flush_l2: bool = True):
-    """Median milliseconds of `ours` and of `baseline`, timed alternately."""
-    for _ in range(warmup):
-        ours()
-        baseline()
-    torch.cuda.synchronize()
-    times = {"ours": [], "baseline": []}
-    for _ in range(reps):
-        for key, fn in (("ours", ours), ("baseline", baseline)):
-            if flush_l2:
-                _flush_l2()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            times[key].append((start, end))
-    torch.cuda.synchronize()
-    return tuple(statistics.median(s.elapsed_time(e) for s, e in times[key]) for key in ("ours", "baseline"))
+    """Median milliseconds of `ours` and of `baseline`, timed alternately (jit.py holds the timer
+    that the notebooks use too)."""
+    ours_ms, baseline_ms = jit.interleaved_median_ms((ours, baseline), warmup=warmup, reps=reps, flush_l2=flush_l2)
+    return ours_ms, baseline_ms
 
 
 def copy_bandwidth() -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,11 @@ BENCH_DATA = ROOT / "site" / "data" / "bench"
 
 # Environment variable through which `./course` tells pytest which tree to grade.
 IMPL_ENV = "COURSE_IMPL"
+# The tree graded when nothing says otherwise: `./course test`, and a plain `pytest` run.
+DEFAULT_IMPL = "solutions"
+# The random seed of the inputs: `./course` draws one (or takes --seed) and passes it to the
+# grading process in this variable; printed with every result so a run can be reproduced.
+SEED_ENV = "COURSE_SEED"
 LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
 # Files of a lab that the JIT build compiles.
 SOURCE_SUFFIXES = (".cu", ".cpp")
@@ -34,9 +40,24 @@ SOURCE_SUFFIXES = (".cu", ".cpp")
 CXX_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
 # Files that take part in lab generation (solution markers may appear in each).
 GENERATED_SUFFIXES = (*CXX_SUFFIXES, ".py", ".ipynb")
-# The line a failure message puts before the TODOs the check needs (harness.check writes
-# it, the CLI's report finds it to list each unfinished TODO once).
-UNFINISHED = "  unfinished: this check needs these TODOs done:"
+SITE_SOURCES = ROOT / "site"
+SITE_BUILD = BUILD / "site"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+LOGS = BUILD / "logs"
+
+
+def seed() -> int:
+    """The seed in COURSE_SEED, or a fresh random one."""
+    value = os.environ.get(SEED_ENV)
+    return int(value) if value else random.randrange(2**31)
+
+
+def sanitize_hint(lab_number: str | None, impl: str, looking_for: str = "the faulting access") -> str:
+    """The line that sends a student from a crash (or a hang) to compute-sanitizer."""
+    if not lab_number:
+        return ""
+    return (f"\n  hint: find {looking_for} with `./course sanitize {lab_number} --impl {impl}` "
+            f"(compute-sanitizer's memcheck, racecheck, synccheck and initcheck on small cases)")
 
 
 @dataclass(frozen=True)
@@ -53,7 +74,7 @@ class Tree:
 
 def resolve_tree(impl: str | None = None) -> Tree:
     """`labs`, `solutions`, or a path to a submission laid out like `labs/`."""
-    impl = impl or os.environ.get(IMPL_ENV) or "solutions"
+    impl = impl or os.environ.get(IMPL_ENV) or DEFAULT_IMPL
     if impl == "labs":
         return Tree(LABS, "labs")
     if impl == "solutions":
@@ -68,7 +89,11 @@ def resolve_tree(impl: str | None = None) -> Tree:
         return Tree(LABS, "labs")
     if path == SOLUTIONS.resolve():
         return Tree(SOLUTIONS, "solutions")
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    # A tree inside the checkout (build/mutants/...) is named by its path relative to the
+    # checkout, so its build (module name, flags) is the same in every clone: a compiler cache
+    # (ccache in CI) then serves a fresh clone's mutant builds from the last run's objects.
+    key = path.relative_to(ROOT.resolve()) if path.is_relative_to(ROOT.resolve()) else path
+    digest = hashlib.sha1(str(key).encode()).hexdigest()[:8]
     name = re.sub(r"[^A-Za-z0-9]", "_", path.name)[:24]
     return Tree(path, f"sub_{name}_{digest}")
 

@@ -6,14 +6,12 @@ need torch or mkdocs run them in the python that has them (tools/course/env.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,18 +25,31 @@ import runner  # noqa: E402
 trees = env.load_trees()
 ROOT = trees.ROOT
 DEFAULT_DEADLINE_S = 600  # per lab: a hung kernel is killed after this and reported as such
+# Where Gradescope looks for the results of a run (its autograder specification).
+GRADESCOPE_RESULTS = Path("/autograder/results")
 
 
 def _labs_for(keys: list[str] | None) -> list:
     return [trees.find_lab(k) for k in keys] if keys else trees.all_labs()
 
 
+def _impl(arg: str) -> str:
+    """The --impl the grading process gets and every message prints: `labs` or `solutions` for
+    the built-in trees, else the submission's absolute path (the process runs from the repository
+    root, where a path relative to the caller's folder would name another tree)."""
+    tree = trees.resolve_tree(arg)
+    return tree.tag if tree.tag in ("labs", "solutions") else str(tree.path)
+
+
 # ---------------------------------------------------------------- running pytest per lab
-def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verbose: bool, lab_number: str | None = None,
+def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verbose: bool, lab=None,
                   markers: str | None = None, deadline_s: int = DEFAULT_DEADLINE_S, seed: int | None = None) -> dict:
-    return runner.run_pytest(python, ROOT, trees.BUILD / "logs", files, impl=impl, impl_env=trees.IMPL_ENV, label=label,
-                             lab_number=lab_number, verbose=verbose, deadline_s=deadline_s, seed=seed,
-                             pytest_args=["-m", markers] if markers else None)
+    result = runner.run_pytest(python, files, impl=impl, label=label, lab_number=lab.number if lab else None,
+                               verbose=verbose, deadline_s=deadline_s, seed=seed,
+                               pytest_args=["-m", markers] if markers else None)
+    if lab is not None:
+        result["lab"] = lab.name
+    return result
 
 
 def _grade(args, labs, impl: str, with_tooling: bool) -> int:
@@ -47,41 +58,59 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
     if with_tooling:
         tooling = sorted(trees.TESTS.glob("test_course_*.py"))
         if tooling:
-            results.append(run_lab_tests(python, tooling, "solutions", "course-tooling", verbose=args.verbose,
+            results.append(run_lab_tests(python, tooling, trees.DEFAULT_IMPL, "course-tooling", verbose=args.verbose,
                                          seed=args.seed))
     for lab in labs:
         if not lab.test_file.exists():
             print(f"[course] {lab.name}: no grader yet ({lab.test_file.relative_to(ROOT)} is missing)")
             continue
         results.append(run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose,
-                                     lab_number=lab.number, deadline_s=args.deadline, seed=args.seed))
+                                     lab=lab, deadline_s=args.deadline, seed=args.seed))
         if getattr(args, "sanitize", False):
-            rows = runner.sanitize(python, ROOT, trees.BUILD / "logs", lab.test_file, impl=impl,
-                                   impl_env=trees.IMPL_ENV, lab_number=lab.number)
-            results[-1]["sanitizer"] = rows
-            dirty = [r["tool"] for r in rows if not runner.is_clean(r)]
-            if dirty:
-                results[-1]["error"] = (f"compute-sanitizer found problems with {', '.join(dirty)}: "
-                                        f"run ./course sanitize {lab.number} --impl {impl} for the findings")
+            _sanitize_into(python, results[-1], lab, impl)
     totals = report.print_summary(results, verbose=args.verbose)
     if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps({"impl": impl, "results": results}, indent=1) + "\n")
+        report.write_json(Path(args.json), {"impl": impl, "results": results})
         print(f"[course] wrote {args.json}")
-    return 0 if totals["failed"] == 0 and totals["errors"] == 0 else 1
+    if getattr(args, "format", "text") == "gradescope":
+        out = _gradescope_out(args)
+        report.write_json(out, report.gradescope(results))
+        print(f"[course] wrote Gradescope's results.json to {out}")
+    return 0 if report.all_passed(totals) else 1
+
+
+def _sanitize_into(python: str, result: dict, lab, impl: str) -> None:
+    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number)
+    result["sanitizer"] = rows
+    dirty = [r["tool"] for r in rows if not runner.is_clean(r)]
+    if dirty:
+        result["error"] = (f"compute-sanitizer found problems with {', '.join(dirty)}: "
+                           f"run ./course sanitize {lab.number} --impl {impl} for the findings")
+
+
+def _gradescope_out(args) -> Path:
+    """A single run's results.json: --out, else where Gradescope reads it (when that folder
+    exists, as inside its autograder), else build/results.json."""
+    if args.out:
+        return Path(args.out)
+    return GRADESCOPE_RESULTS / "results.json" if GRADESCOPE_RESULTS.is_dir() else trees.BUILD / "results.json"
 
 
 def cmd_test(args) -> int:
-    return _grade(args, _labs_for(args.labs), args.impl, with_tooling=not args.labs)
+    return _grade(args, _labs_for(args.labs), _impl(args.impl), with_tooling=not args.labs)
 
 
 def cmd_grade(args) -> int:
+    if args.out and args.format != "gradescope":
+        print("grade: --out is where --format gradescope writes results.json; add --format gradescope, "
+              "or use --json for the course's own JSON")
+        return 2
     if args.all:
         return _grade_submissions(args)
     if not args.labs:
         print("grade: name a lab (./course grade 00), several, or --all with --impl DIR_OF_SUBMISSIONS")
         return 2
-    trees.resolve_tree(args.impl)  # fail early on a wrong path
-    return _grade(args, _labs_for(args.labs), args.impl, with_tooling=False)
+    return _grade(args, _labs_for(args.labs), _impl(args.impl), with_tooling=False)
 
 
 def _grade_submissions(args) -> int:
@@ -90,87 +119,106 @@ def _grade_submissions(args) -> int:
     if not submissions:
         print(f"grade --all: {folder} holds no submission folders")
         return 2
+    gradescope = args.format == "gradescope"
+    gradescope_dir = Path(args.out) if args.out else trees.BUILD / "gradescope"
     rows, everything = [], {}
     python = env.python_for("test")
     for submission in submissions:
-        labs = [lab for lab in _labs_for(args.labs) if (submission / lab.name).is_dir()]
-        results = [run_lab_tests(python, [lab.test_file], str(submission), f"{submission.name}-{lab.name}",
-                                 verbose=args.verbose, lab_number=lab.number, deadline_s=args.deadline, seed=args.seed)
-                   for lab in labs if lab.test_file.exists()]
+        # Every lab the student handed in; with --format gradescope every lab named on the command
+        # line, handed in or not (a missing one fails to build and scores 0 on each of its tasks).
+        labs = [lab for lab in _labs_for(args.labs)
+                if (submission / lab.name).is_dir() or (gradescope and args.labs)]
+        results = []
+        for lab in labs:
+            if not lab.test_file.exists():
+                continue
+            results.append(run_lab_tests(python, [lab.test_file], str(submission), f"{submission.name}-{lab.name}",
+                                         verbose=args.verbose, lab=lab, deadline_s=args.deadline, seed=args.seed))
+            if args.sanitize:
+                _sanitize_into(python, results[-1], lab, str(submission))
         everything[submission.name] = results
         for result in results:
             rows.append(report.csv_row(submission.name, result))
+        if gradescope:
+            report.write_json(gradescope_dir / submission.name / "results.json", report.gradescope(results))
     out = Path(args.json or (trees.BUILD / "grades.json"))
-    out.write_text(json.dumps(everything, indent=1) + "\n")
+    report.write_json(out, everything)
     report.write_csv(out.with_suffix(".csv"), rows)
     report.print_rows(rows)
     print(f"[course] wrote {out} and {out.with_suffix('.csv')}")
+    if gradescope:
+        print(f"[course] wrote Gradescope's results.json of each student to {gradescope_dir}/STUDENT/results.json")
     return 0
 
 
 def cmd_build(args) -> int:
     python = env.python_for("test")
-    lab = trees.find_lab(args.lab)
-    tree = trees.resolve_tree(args.impl)
-    if args.clean:
-        shutil.rmtree(lab.build_dir(tree), ignore_errors=True)
-    flags = ["-Xptxas=-v"] if args.verbose else []
-    code = (
-        "import sys, time; sys.path.insert(0, 'tests');"
-        "from harness import build, trees;"
-        f"lab = trees.find_lab({lab.number!r}); tree = trees.resolve_tree({args.impl!r});"
-        "t = time.perf_counter();"
-        f"build.build(lab, tree, verbose={bool(args.verbose)}, extra_cuda_cflags={flags!r});"
-        "print(f'[course] built {lab.name} from {tree.path} in {time.perf_counter() - t:.1f} s "
-        "(arch list {build.ensure_arch_list()}, build dir {lab.build_dir(tree)})')"
-    )
-    return subprocess.run([python, "-c", code], cwd=ROOT).returncode
+    lab = trees.find_lab(args.lab)  # a wrong lab or tree fails here, before torch is imported
+    command = [python, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number, "--impl", _impl(args.impl),
+               *(["-v"] if args.verbose else []), *(["--clean"] if args.clean else [])]
+    path = os.pathsep.join(p for p in (str(trees.TESTS), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=path)).returncode
 
 
 def cmd_bench(args) -> int:
+    """--json FILE writes there, plain --json the site's data file, --json - stdout (everything
+    else then goes to stderr, so the JSON can be piped)."""
+    to_stdout = args.json == "-"
+    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+        code, data = _bench(args)
+    if to_stdout and data is not None:
+        print(json.dumps(data, indent=1))
+    return code
+
+
+def _bench(args) -> tuple[int, dict | None]:
     python = env.python_for("test")
     lab = trees.find_lab(args.lab)
-    result = run_lab_tests(python, [lab.test_file], args.impl, f"bench-{lab.name}", verbose=args.verbose,
-                           lab_number=lab.number, markers="perf", deadline_s=args.deadline)
+    impl = _impl(args.impl)
+    result = run_lab_tests(python, [lab.test_file], impl, f"bench-{lab.name}", verbose=args.verbose,
+                           lab=lab, markers="perf", deadline_s=args.deadline)
     if result.get("error"):
         print(result["error"])
-        return 1
+        return 1, None
     cases = result.get("perf", [])
+    failed = [t for t in result["tests"] if t["outcome"] == "failed"]
     if not cases:
-        report.print_summary([result], verbose=True)
-        print("[course] no perf case ran (is there a CUDA GPU?)")
-        return 1
+        if failed:
+            report.print_summary([result], verbose=False)
+        skipped = [t.get("message", "") for t in result["tests"] if t["outcome"] == "skipped"]
+        why = f"every perf test was skipped: {skipped[0]}" if skipped and not failed else "see the failures above"
+        print(f"./course bench: no perf case of {lab.name} ran ({why})")
+        return 1, None
     report.print_bench(cases)
+    data = None
     if args.json:
-        target = Path(args.json) if args.json != "-" else lab.bench_file
-        target.parent.mkdir(parents=True, exist_ok=True)
         data = {
             "lab": lab.name,
             "gpu": cases[0]["gpu"],
             "torch": result.get("torch"),
             "cuda": result.get("cuda"),
             "date": _dt.date.today().isoformat(),
-            "impl": args.impl,
-            "command": f"./course bench {lab.number} --impl {args.impl} --json",
+            "impl": impl,
+            "command": f"./course bench {lab.number} --impl {impl} --json",
             "copy_bandwidth_gbps": result.get("copy_bandwidth_gbps"),
             "cases": cases,
         }
-        target.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"[course] wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
-    failed = [t for t in result["tests"] if t["outcome"] == "failed"]
-    return 1 if failed else 0
+        if args.json != "-":
+            target = lab.bench_file if args.json is True else Path(args.json)
+            report.write_json(target, data)
+            print(f"[course] wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+    return (1 if failed else 0), data
 
 
 def cmd_sanitize(args) -> int:
     python = env.python_for("test")
     lab = trees.find_lab(args.lab)
-    trees.resolve_tree(args.impl)
+    impl = _impl(args.impl)
     tools = tuple(args.tool) if args.tool else runner.SANITIZER_TOOLS
-    rows = runner.sanitize(python, ROOT, trees.BUILD / "logs", lab.test_file, impl=args.impl,
-                           impl_env=trees.IMPL_ENV, lab_number=lab.number, tools=tools)
-    report.print_sanitizer(lab.name, args.impl, rows)
+    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools)
+    report.print_sanitizer(lab.name, impl, rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"lab": lab.name, "impl": args.impl, "tools": rows}, indent=1) + "\n")
+        report.write_json(Path(args.json), {"lab": lab.name, "impl": impl, "tools": rows})
     return 0 if all(runner.is_clean(r) for r in rows) else 1
 
 
@@ -215,9 +263,9 @@ def cmd_site(args) -> int:
 
 
 def cmd_setup(args) -> int:
-    for group in args.groups or ["docs", "test"]:
-        if group not in env.GROUP_MODULES or group == "notebooks":
-            print(f"setup: unknown group {group!r}; the groups are docs and test")
+    for group in args.groups or list(env.GROUP_MODULES):
+        if group not in env.GROUP_MODULES:
+            print(f"setup: unknown group {group!r}; the groups are {' and '.join(env.GROUP_MODULES)}")
             return 2
         print(f"[course] {group}: {env.python_for(group)}")
     return 0
@@ -238,47 +286,57 @@ def main(argv=None) -> int:
         p.set_defaults(fn=fn)
         return p
 
-    impl_help = "tree to grade: labs (your skeletons), solutions (references) or a path laid out like labs/"
+    impl_help = ("the tree to grade: labs (your skeletons), solutions (the references) or the path of a folder laid "
+                 "out like labs/ (default: %(default)s)")
     p = add("serve", "serve the course site at http://127.0.0.1:8000 (installs the docs dependencies on first use)", cmd_serve)
     p.add_argument("--addr", default="127.0.0.1:8000")
     add("site", "build the site into build/site with mkdocs --strict", cmd_site)
     p = add("test", "run the whole suite (grader self-tests, then every lab) against the reference solutions", cmd_test)
     p.add_argument("labs", nargs="*", help="only these labs (e.g. 00 01)")
-    p.add_argument("--impl", default="solutions", help=impl_help)
+    p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds before a lab's run is killed as hung")
     p.add_argument("--seed", type=int, help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p = add("grade", "grade labs: correctness, error handling and speed, with a per-case report", cmd_grade)
     p.add_argument("labs", nargs="*", help="lab numbers (e.g. 00)")
-    p.add_argument("--impl", default="labs", help=impl_help + " (default: labs)")
+    p.add_argument("--impl", default="labs", help=impl_help + "; with --all, the folder holding one such folder per student")
     p.add_argument("--all", action="store_true", help="--impl is a folder of submissions: grade each one")
-    p.add_argument("--json", help="write per-lab results (or, with --all, per student x lab) as JSON here")
+    p.add_argument("--json", help="write per-lab results (or, with --all, per student x lab) as JSON here "
+                   "(--all: default build/grades.json, and a CSV beside it)")
+    p.add_argument("--format", choices=("text", "gradescope"), default="text",
+                   help="gradescope: also write Gradescope's results.json, one test per task, scored from POINTS "
+                   "(default: %(default)s)")
+    p.add_argument("--out", help="with --format gradescope: the results.json to write (default: "
+                   f"{GRADESCOPE_RESULTS}/results.json when that folder exists, else build/results.json); with --all, "
+                   "the folder that gets STUDENT/results.json (default: build/gradescope)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds before a lab's run is killed as hung")
     p.add_argument("--seed", type=int, help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p.add_argument("--sanitize", action="store_true", help="also run compute-sanitizer's four tools; findings fail the lab")
     p = add("sanitize", "run a lab's correctness cases under compute-sanitizer memcheck, racecheck, synccheck, initcheck", cmd_sanitize)
     p.add_argument("lab")
-    p.add_argument("--impl", default="labs", help=impl_help + " (default: labs)")
+    p.add_argument("--impl", default="labs", help=impl_help)
     p.add_argument("--tool", action="append", choices=runner.SANITIZER_TOOLS, help="only this tool (repeatable)")
     p.add_argument("--json", help="write the findings as JSON here")
     p = add("build", "compile one lab (JIT, as the grader does) and report the time", cmd_build)
     p.add_argument("lab")
-    p.add_argument("--impl", default="labs", help=impl_help + " (default: labs)")
+    p.add_argument("--impl", default="labs", help=impl_help)
     p.add_argument("-v", "--verbose", action="store_true", help="show the compiler commands and ptxas's register/smem report")
     p.add_argument("--clean", action="store_true", help="delete the build dir first (a cold build)")
     p = add("bench", "time a lab's kernels against PyTorch on this GPU; print a table", cmd_bench)
     p.add_argument("lab")
-    p.add_argument("--impl", default="solutions", help=impl_help + " (default: solutions)")
-    p.add_argument("--json", nargs="?", const="-", help="write results as JSON (default path: site/data/bench/NN-slug.json)")
+    p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
+    p.add_argument("--json", nargs="?", const=True, metavar="FILE",
+                   help="write the results as JSON: to FILE, to stdout with -, or with no FILE to the site's data, "
+                   "site/data/bench/NN-slug.json")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S)
     p = add("labs", "regenerate labs/ from solutions/ (files a student edited are kept unless --force)", cmd_labs)
     p.add_argument("--check", action="store_true", help="fail if labs/ is stale; write nothing")
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
     p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
-    p.add_argument("groups", nargs="*", help="docs, test (default: both)")
+    p.add_argument("groups", nargs="*", help=f"{', '.join(env.GROUP_MODULES)} (default: all)")
     p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)", cmd_doctor)
     p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)

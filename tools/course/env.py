@@ -18,14 +18,8 @@ import sys
 import venv
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-REQUIREMENTS = ROOT / "requirements"
-# What must import for a group to count as present in the running python.
-GROUP_MODULES = {
-    "docs": ("mkdocs", "material", "pymdownx"),
-    "test": ("torch", "pytest", "numpy", "ninja"),
-    "notebooks": ("nbformat", "nbclient", "ipykernel"),
-}
+# tests/harness/trees.py knows every path of the repository; this is the one path computed here.
+_TREES_PY = Path(__file__).resolve().parents[2] / "tests" / "harness" / "trees.py"
 
 
 def load_trees():
@@ -33,11 +27,20 @@ def load_trees():
     once by file path: importing the tests.harness package would import torch."""
     module = sys.modules.get("course_trees")
     if module is None:
-        spec = importlib.util.spec_from_file_location("course_trees", ROOT / "tests" / "harness" / "trees.py")
+        spec = importlib.util.spec_from_file_location("course_trees", _TREES_PY)
         module = importlib.util.module_from_spec(spec)
         sys.modules["course_trees"] = module
         spec.loader.exec_module(module)
     return module
+
+
+ROOT = load_trees().ROOT
+REQUIREMENTS = ROOT / "requirements"
+# What must import for a group to count as present in the running python.
+GROUP_MODULES = {
+    "docs": ("mkdocs", "material", "pymdownx"),
+    "test": ("torch", "pytest", "numpy", "ninja"),
+}
 
 
 def _has_modules(python: str, modules: tuple[str, ...]) -> bool:

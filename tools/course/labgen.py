@@ -11,6 +11,12 @@ A solution file marks each student task with a region:
 Stub lines are commented out in the solution (so the solution compiles without
 them) and uncommented in the lab.
 
+A long task text continues on the comment lines right after BEGIN that indent their text
+by two or more spaces; they follow the TODO line in the lab, so no TODO line runs long:
+
+    // SOLUTION BEGIN lab05.2: one k-step of 16: ldmatrix.x4 the fragments of x
+    //   and of weight, then mma_16816 every (i, j) pair into accumulators[i][j]
+
 (`#` instead of `//` in Python and notebook cells). In the generated lab the
 region becomes `// TODO(lab00.1): what the student must do` followed by the stub.
 Each generated file starts with a banner that names its source and records a
@@ -33,6 +39,8 @@ BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>//|#)\s*SOLUTION BEGIN\s+(?P<ta
 STUB = re.compile(r"^\s*(//|#)\s*SOLUTION STUB\s*$")
 STUB_LINE = re.compile(r"^(?P<indent>\s*)(//|#) ?(?P<code>.*?)\n?$")
 END = re.compile(r"^\s*(//|#)\s*SOLUTION END\s*$")
+# A continuation of the BEGIN line's task text: a comment whose text starts 2+ spaces in.
+CONTINUATION = re.compile(r"^\s*(//|#)  +\S")
 BANNER_HASH = re.compile(r"\[lab-hash ([0-9a-f]{12})\]")
 SKIP_NAMES = {"__pycache__", ".ipynb_checkpoints"}
 
@@ -44,14 +52,19 @@ class MarkerError(ValueError):
 def strip_solutions(text: str, where: str) -> str:
     """Replace every SOLUTION region with its TODO line and stub."""
     out: list[str] = []
-    state = "code"  # code -> solution -> stub -> code
+    state = "code"  # code -> heading -> solution -> stub -> code
     for number, line in enumerate(text.splitlines(keepends=True), 1):
+        if state == "heading":
+            if CONTINUATION.match(line):
+                out.append(line)
+                continue
+            state = "solution"
         begin = BEGIN.match(line)
         if begin:
             if state != "code":
                 raise MarkerError(f"{where}:{number}: SOLUTION BEGIN inside another region")
             out.append(f"{begin['indent']}{begin['comment']} TODO({begin['task']}): {begin['text'].strip()}\n")
-            state = "solution"
+            state = "heading"
         elif STUB.match(line):
             if state != "solution":
                 raise MarkerError(f"{where}:{number}: SOLUTION STUB outside a region")

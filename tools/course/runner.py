@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import random
 import re
 import subprocess
 import sys
@@ -17,7 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-SEED_ENV = "COURSE_SEED"
+import env
+
+trees = env.load_trees()
 PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a laptop
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
@@ -36,11 +37,7 @@ INITCHECK_SELECTION = ["-m", f"{_SANITIZE_MARKERS} and not tma_output", "-k", _S
 SANITIZE_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 
 
-def sanitize_hint(lab_number: str | None, impl: str) -> str:
-    if not lab_number:
-        return ""
-    return (f"\n  hint: find the faulting access with `./course sanitize {lab_number} --impl {impl}` "
-            f"(compute-sanitizer's memcheck, racecheck, synccheck and initcheck on small cases)")
+_PYTEST_OWN_ERRORS = (2, 3, 4)
 
 
 def _pump(stream, lines: queue.Queue) -> None:
@@ -49,23 +46,23 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: str, impl_env: str, label: str,
-               lab_number: str | None, verbose: bool, deadline_s: int, seed: int | None = None,
-               pytest_args: list[str] | None = None, wrapper: list[str] | None = None,
-               extra_env: dict | None = None) -> dict:
-    """pytest over `files` in a child process; returns its results plus what happened to the process."""
-    logs.mkdir(parents=True, exist_ok=True)
-    json_path, log_path = logs / f"{label}.json", logs / f"{label}.log"
+def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_number: str | None, verbose: bool,
+               deadline_s: int, seed: int | None = None, pytest_args: list[str] | None = None,
+               wrapper: list[str] | None = None, extra_env: dict | None = None) -> dict:
+    """pytest over `files` in a child process grading the tree `impl`; returns its results plus
+    what happened to the process. Logs and the child's JSON go to build/logs/LABEL.*."""
+    trees.LOGS.mkdir(parents=True, exist_ok=True)
+    json_path, log_path = trees.LOGS / f"{label}.json", trees.LOGS / f"{label}.log"
     json_path.unlink(missing_ok=True)
-    seed = seed if seed is not None else int(os.environ.get(SEED_ENV) or random.randrange(2**31))
+    seed = seed if seed is not None else trees.seed()
     command = [*(wrapper or []), python, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "-rN",
                f"--course-json={json_path}", "--tb=short", *(pytest_args or [])]
-    environment = dict(os.environ, **{impl_env: impl, SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"}, **(extra_env or {}))
+    environment = dict(os.environ, **{trees.IMPL_ENV: impl, trees.SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"}, **(extra_env or {}))
     print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
     started = time.perf_counter()
     hung = False
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE,
+        process = subprocess.Popen(command, cwd=trees.ROOT, env=environment, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
@@ -96,11 +93,13 @@ def run_pytest(python: str, root: Path, logs: Path, files: list[Path], *, impl: 
     if hung:
         result["error"] = (f"killed after the {deadline_s} s deadline: a kernel probably hangs (an endless loop, or "
                            "__syncthreads() inside a branch that not every thread of the block takes)"
-                           + sanitize_hint(lab_number, impl).replace("find the faulting access", "find a barrier in divergent code"))
+                           + trees.sanitize_hint(lab_number, impl, looking_for="a barrier in divergent code"))
     elif process.returncode not in (0, 1, 5) or not json_path.exists():
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-12:])
+        # pytest's own failures (2 interrupted, 3 internal error, 4 usage error) are no kernel's doing.
+        crashed = process.returncode not in _PYTEST_OWN_ERRORS
         result["error"] = (f"the test process died (exit code {process.returncode}) before finishing; its last output:\n"
-                           f"{tail.rstrip()}" + sanitize_hint(lab_number, impl))
+                           f"{tail.rstrip()}" + (trees.sanitize_hint(lab_number, impl) if crashed else ""))
     return result
 
 
@@ -114,8 +113,8 @@ def is_clean(row: dict) -> bool:
     return row["ran"] and not row["errors"] and not row["process_error"]
 
 
-def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str, impl_env: str, lab_number: str,
-             tools: tuple[str, ...] = SANITIZER_TOOLS, deadline_s: int = 1800) -> list[dict]:
+def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
+             deadline_s: int = 1800) -> list[dict]:
     """Each compute-sanitizer tool over the lab's correctness cases; one row per tool."""
     rows = []
     for tool in tools:
@@ -123,8 +122,8 @@ def sanitize(python: str, root: Path, logs: Path, test_file: Path, *, impl: str,
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
-        result = run_pytest(python, root, logs, [test_file], impl=impl, impl_env=impl_env, label=label,
-                            lab_number=lab_number, verbose=False, deadline_s=deadline_s,
+        result = run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
+                            deadline_s=deadline_s,
                             pytest_args=INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION,
                             wrapper=wrapper, extra_env=SANITIZE_ENV)
         log_text = Path(result["log"]).read_text(errors="replace")
