@@ -113,7 +113,9 @@ def pytest_sessionfinish(session):
         return
     import torch
 
-    labs = {name: {"points": points, "titles": todos.lab_tasks(trees.find_lab(name))} for name, points in _points.items()}
-    data = {"seed": SEED, "tests": _records, "perf": perf.RESULTS, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "copy_bandwidth_gbps": perf._ceilings.get("copy"), "impl": str(trees.resolve_tree().path), "labs": labs}
+    labs = {name: {"points": points, "titles": todos.lab_tasks(trees.find_lab(name))}
+            for name, points in _points.items()}
+    data = {"seed": SEED, "tests": _records, "perf": perf.RESULTS, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "copy_bandwidth_gbps": perf._ceilings.get("copy"),
+            "impl": str(trees.resolve_tree().path), "labs": labs}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")

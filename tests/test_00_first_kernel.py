@@ -46,7 +46,8 @@ def test_builds():
 @harness.tasks("lab00.2")
 def test_launch_config(gpu, sm_count, max_threads, n):
     blocks, threads = LAB.module.launch_config(n, sm_count, max_threads)
-    case = f"launch_config(n={n}) on a {gpu} ({sm_count} SMs, {max_threads} threads/SM) gave {blocks} blocks x {threads} threads"
+    case = (f"launch_config(n={n}) on a {gpu} ({sm_count} SMs, {max_threads} threads/SM) "
+            f"gave {blocks} blocks x {threads} threads")
     problems = []
     warp = constants()["warp_size"]
     if threads % warp or not warp <= threads <= 1024:
@@ -56,7 +57,8 @@ def test_launch_config(gpu, sm_count, max_threads, n):
     if (blocks - 1) * threads >= n:
         problems.append("at least one whole block has no element to work on: use at most ceil(n / threads) blocks")
     if blocks * threads < min(n, sm_count * max_threads):
-        problems.append(f"too few threads to fill the GPU: {sm_count} SMs hold {sm_count * max_threads} threads at once")
+        problems.append(f"too few threads to fill the GPU: {sm_count} SMs hold "
+                        f"{sm_count * max_threads} threads at once")
     if problems:
         raise harness.GradeFailure(f"{case}:\n  " + "\n  ".join(problems))
 
@@ -99,7 +101,8 @@ def test_axpy(shape, blocks):
     poison_allocator(x.numel(), FP32)
     out = LAB.module.axpy(alpha, x, y, blocks)
     torch.cuda.synchronize()
-    LAB.assert_close(out, alpha * x.double() + y.double(), case=f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
+    LAB.assert_close(out, alpha * x.double() + y.double(),
+                     case=f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
                      tol=tolerance(FP32), block=constants()["threads_per_block"], hint=GRID_HINT)
 
 
@@ -201,15 +204,19 @@ test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
 MUTANTS = [
     harness.Mutant("no-grid-stride", "scale.cu", "i < n; i += stride) {\n    y[i]", "i < n; i += n) {\n    y[i]",
                    tests="test_scale and block", expect="never written"),
-    harness.Mutant("grid-too-small", "scale.cu", "std::min(needed_blocks, resident_blocks)", "std::min<int64_t>(needed_blocks, 1)",
-                   tests="test_launch_config", expect="too few threads to fill the GPU", needs_gpu=False),
+    harness.Mutant("grid-too-small", "scale.cu", "std::min(needed_blocks, resident_blocks)",
+                   "std::min<int64_t>(needed_blocks, 1)", tests="test_launch_config",
+                   expect="too few threads to fill the GPU", needs_gpu=False),
     harness.Mutant("legacy-default-stream", "scale.cu", "axpy_kernel<<<config.blocks, config.threads, 0, stream>>>",
-                   "axpy_kernel<<<config.blocks, config.threads>>>", tests="current_stream", expect="legacy default stream"),
+                   "axpy_kernel<<<config.blocks, config.threads>>>", tests="current_stream",
+                   expect="legacy default stream"),
     # Integrity: a kernel that skips work, or an op that returns an earlier result, must not pass.
     harness.Mutant("half-written", "wrapper.cpp", "out.mutable_data_ptr<float>(), x.numel(),",
-                   "out.mutable_data_ptr<float>(), x.numel() / 2,", tests="test_axpy and block", expect="never written"),
+                   "out.mutable_data_ptr<float>(), x.numel() / 2,", tests="test_axpy and block",
+                   expect="never written"),
     harness.Mutant("cached-result", "wrapper.cpp", "  at::Tensor y = at::empty_like(x);\n",
-                   "  static std::map<int64_t, at::Tensor> cache;\n  if (cache.count(x.numel())) return cache[x.numel()];\n"
+                   "  static std::map<int64_t, at::Tensor> cache;\n"
+                   "  if (cache.count(x.numel())) return cache[x.numel()];\n"
                    "  at::Tensor y = at::empty_like(x);\n  cache[x.numel()] = y;\n",
                    tests="test_scale and block", expect="elements wrong"),
     harness.Mutant("no-shape-check", "wrapper.cpp", '  course::check_same_shape(x, y, "axpy", "x", "y");\n', "",

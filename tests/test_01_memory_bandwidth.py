@@ -121,7 +121,8 @@ def test_copy(copy, shape, blocks):
     fn(dst, src, blocks)
     torch.cuda.synchronize()
     LAB.assert_close(dst, src.double(), case=f"copy_{copy} shape {shape_id(shape)}, blocks={blocks or 'derived'}",
-                     tol=EXACT, block=constants()["threads_per_block"] if copy == "coalesced" else None, hint=HINTS[copy])
+                     tol=EXACT, block=constants()["threads_per_block"] if copy == "coalesced" else None,
+                     hint=HINTS[copy])
 
 
 @requires_gpu
@@ -171,7 +172,8 @@ def test_copy_misaligned(copy, src_off, dst_off, n):
     dst_buffer, dst = _guarded(n, dst_off)
     fn(dst, src, 0)
     torch.cuda.synchronize()
-    case = f"copy_{copy} n={n}, src = x[{src_off}:] ({4 * src_off} bytes past 16), dst = y[{dst_off}:] ({4 * dst_off} bytes past 16)"
+    case = (f"copy_{copy} n={n}, src = x[{src_off}:] ({4 * src_off} bytes past 16), "
+            f"dst = y[{dst_off}:] ({4 * dst_off} bytes past 16)")
     LAB.assert_close(dst, src.double(), case=case, tol=EXACT, hint=HINTS[copy])
     _check_guards(dst_buffer, dst_off, n, case)
 
@@ -225,10 +227,12 @@ def test_runs_on_current_stream():
 def test_input_errors(name):
     fn = getattr(LAB.module, name)
     x, y = random_tensor((33, 17), FP32), random_tensor((33, 17), FP32)
-    LAB.assert_raises_clearly(lambda: fn(y, x.double()), must_mention=("dtype", "float"), case=f"{name}(dst, src float64)")
+    LAB.assert_raises_clearly(lambda: fn(y, x.double()), must_mention=("dtype", "float"),
+                              case=f"{name}(dst, src float64)")
     LAB.assert_raises_clearly(lambda: fn(y.t(), x.t()), must_mention=("contiguous",), case=f"{name}(y.t(), x.t())")
     narrow = random_tensor((33, 16), FP32)
-    LAB.assert_raises_clearly(lambda: fn(narrow, x), must_mention=("shape",), case=f"{name}(dst [33, 16], src [33, 17])")
+    LAB.assert_raises_clearly(lambda: fn(narrow, x), must_mention=("shape",),
+                              case=f"{name}(dst [33, 16], src [33, 17])")
     LAB.assert_raises_clearly(lambda: fn(y.cpu(), x), must_mention=("CUDA",), case=f"{name}(dst on the CPU)")
     buffer = random_tensor((100,), FP32)
     LAB.assert_raises_clearly(lambda: fn(buffer[1:], buffer[:-1]), must_mention=("overlap",),
@@ -271,8 +275,10 @@ def _perf_copy(name, call, *, student_bar, target, hint):
 def test_perf_copy_strided():
     case = _perf_copy(f"ladder 1: strided copy (stride {STRIDE})",
                       lambda dst, src: LAB.module.copy_strided(dst, src, STRIDE),
-                      student_bar=0.01, target=0.02, hint="the strided copy is meant to be slow, not this slow: each thread walks its rows with a grid stride, "
-                           "for one column after another; no thread should be left with a whole column alone")
+                      student_bar=0.01, target=0.02,
+                      hint="the strided copy is meant to be slow, not this slow: "
+                           "each thread walks its rows with a grid stride, for one column after another; "
+                           "no thread should be left with a whole column alone")
     if case.ratio > 0.5:
         raise harness.GradeFailure(
             f"{case.summary()}\n  a copy whose warps touch 32 different 128-byte lines per access cannot run at "
@@ -323,7 +329,8 @@ MUTANTS = [
                    tests="test_perf_copy_coalesced", expect="consecutive threads", perf=True),
     harness.Mutant("no-tail", "vector_copy.cu", _TAIL_LOOP, "", tests="test_copy and vectorized",
                    expect="never written"),
-    harness.Mutant("tail-off-by-one", "vector_copy.cu", _TAIL_LOOP, _TAIL_LOOP.replace("i < tail_begin", "i <= tail_begin"),
+    harness.Mutant("tail-off-by-one", "vector_copy.cu", _TAIL_LOOP,
+                   _TAIL_LOOP.replace("i < tail_begin", "i <= tail_begin"),
                    tests="test_copy_misaligned and vectorized", expect="outside dst"),
     harness.Mutant("misalignment-ignored", "vector_copy.cu",
                    "const int64_t head = std::min<int64_t>(n, to_boundary / static_cast<int64_t>(sizeof(float)));",

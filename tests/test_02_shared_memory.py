@@ -74,10 +74,12 @@ def test_builds():
 def test_transpose_grid(batch, rows, cols):
     across, down, blocks = LAB.module.transpose_grid(batch, rows, cols)
     tile = LAB.module.tile_layout()["tile"]
-    case = f"transpose_grid(batch={batch}, rows={rows}, cols={cols}) gave {across} tiles across, {down} down, {blocks} blocks"
+    case = (f"transpose_grid(batch={batch}, rows={rows}, cols={cols}) "
+            f"gave {across} tiles across, {down} down, {blocks} blocks")
     problems = []
     if across * tile < cols or down * tile < rows:
-        problems.append(f"the tiles do not cover the matrix: round up with ceil(n / {tile}), the last tile may be partial")
+        problems.append(f"the tiles do not cover the matrix: round up with ceil(n / {tile}), "
+                        "the last tile may be partial")
     if (across - 1) * tile >= max(cols, 1) or (down - 1) * tile >= max(rows, 1):
         problems.append("a whole row or column of tiles lies outside the matrix")
     if blocks != batch * across * down:
@@ -133,7 +135,8 @@ def test_unpadded_tile_has_the_conflict_the_lesson_measures():
     layout = tile_layout()
     stride, warp = layout["tiled_row_stride"], layout["warp_size"]
     assert max(column_read_banks(stride)) == warp, (
-        f"the plain tiled kernel should keep its unpadded {stride}-float rows, so the lesson can measure the {warp}-way conflict")
+        f"the plain tiled kernel should keep its unpadded {stride}-float rows, "
+        f"so the lesson can measure the {warp}-way conflict")
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
@@ -322,7 +325,8 @@ MUTANTS = [
                    tests="test_transpose_grid", expect="round up", needs_gpu=False),
     harness.Mutant("padding-removed", "transpose.cu",
                    "constexpr int kPaddedRowStride = kTile + 1;\n"
-                   "static_assert(column_read_ways(kPaddedRowStride) == 1, \"padded tile: a column read touches 32 different banks\");\n",
-                   "constexpr int kPaddedRowStride = kTile;\n", tests="test_perf_padded_vs_copy", expect="below the student bar",
-                   perf=True),
+                   "static_assert(column_read_ways(kPaddedRowStride) == 1, "
+                   "\"padded tile: a column read touches 32 different banks\");\n",
+                   "constexpr int kPaddedRowStride = kTile;\n", tests="test_perf_padded_vs_copy",
+                   expect="below the student bar", perf=True),
 ]

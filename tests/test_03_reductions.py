@@ -16,7 +16,8 @@ GPUS = [("T4", 40, 4), ("A100", 108, 8), ("H100", 132, 8)]
 
 WARP_HINT = ("every lane must end with the reduction of all 32 lanes: five butterfly steps, "
              "value = op(value, __shfl_xor_sync(0xffffffff, value, offset)) for offset = 16, 8, 4, 2, 1; "
-             "__shfl_down_sync leaves the total in lane 0 only, and a mask or offset that skips lanes loses their values")
+             "__shfl_down_sync leaves the total in lane 0 only, and a mask or offset that skips lanes "
+             "loses their values")
 SUM_HINT = ("a result off by a little: elements lost (the tail of fewer than a vector's elements after the last whole "
             "16-byte vector, or the head before the first aligned one); off by a lot or varying: a race in the block "
             "reduce (__syncthreads() between the per-warp writes to shared memory and the reads that combine them), "
@@ -91,8 +92,9 @@ def test_sum_grid(gpu, sm_count, blocks_per_sm, n):
         problems.append(f"use kThreadsPerBlock = {block_size} threads: the occupancy figure resident_blocks_per_sm "
                         "was computed for blocks of that size")
     if not 1 <= blocks <= one_wave:
-        problems.append(f"blocks must be between 1 and one wave, {sm_count} x {blocks_per_sm} = {one_wave}: more blocks "
-                        "than fit on the GPU at once run as a late second wave, and each adds a partial to the second pass")
+        problems.append(f"blocks must be between 1 and one wave, {sm_count} x {blocks_per_sm} = {one_wave}: "
+                        "more blocks than fit on the GPU at once run as a late second wave, "
+                        "and each adds a partial to the second pass")
     if (blocks - 1) * threads >= n:
         problems.append("at least one whole block has no element to work on: use at most ceil(n / threads) blocks")
     if blocks * threads < min(n, one_wave * threads):
@@ -109,7 +111,8 @@ def test_row_stats_threads_per_row(length):
     cols = {"1": 1, "longest": longest, "longest+1": longest + 1, "8x-longest": 8 * longest}[length]
     threads = c["warp_size"] if cols <= longest else c["threads_per_block"]
     got = LAB.module.row_stats_threads_per_row(cols)
-    assert got == threads, f"row_stats_threads_per_row({cols}) = {got}, expected {threads} (a warp up to {longest} columns)"
+    assert got == threads, (f"row_stats_threads_per_row({cols}) = {got}, expected {threads} "
+                            f"(a warp up to {longest} columns)")
 
 
 # ---------------------------------------------------------------- CPU-side: input checks that need no GPU
@@ -137,8 +140,8 @@ def test_warp_reduce(n, op, dtype):
     poison_allocator(segments, FP32)
     out = LAB.module.warp_sums(x) if op == "sum" else LAB.module.warp_maxes(x)
     torch.cuda.synchronize()
-    LAB.assert_close(out, ref, case=f"warp_{op} of n={n} ({segments} segments of {warp}, the last lane writes), {dtype_name(dtype)}",
-                     tol=tolerance(FP32, warp), hint=WARP_HINT)
+    case = f"warp_{op} of n={n} ({segments} segments of {warp}, the last lane writes), {dtype_name(dtype)}"
+    LAB.assert_close(out, ref, case=case, tol=tolerance(FP32, warp), hint=WARP_HINT)
 
 
 # ---------------------------------------------------------------- GPU: the full sum
@@ -163,7 +166,8 @@ def sum_case(name, x, offset, dtype, blocks=0):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
-@pytest.mark.parametrize("n, offset", [pytest.param(n, o, id=f"{n}{f'+off{o}' if o else ''}", marks=[LARGE] if n >= 2**24 else [])
+@pytest.mark.parametrize("n, offset", [pytest.param(n, o, id=f"{n}{f'+off{o}' if o else ''}",
+                                                    marks=[LARGE] if n >= 2**24 else [])
                                        for n, o in SUM_CASES])
 @harness.tasks(*SUM_TASKS)
 def test_sum(n, offset, dtype):
@@ -239,7 +243,8 @@ def test_sum_input_errors():
         LAB.assert_raises_clearly(lambda: fn(x.double()), must_mention=("dtype", "float32", "bfloat16"),
                                   case=f"{name}(x of dtype float64)")
         LAB.assert_raises_clearly(lambda: fn(x.half()), must_mention=("dtype",), case=f"{name}(x of dtype float16)")
-        LAB.assert_raises_clearly(lambda: fn(x.t()), must_mention=("contiguous",), case=f"{name}(x.t(), a non-contiguous view)")
+        LAB.assert_raises_clearly(lambda: fn(x.t()), must_mention=("contiguous",),
+                                  case=f"{name}(x.t(), a non-contiguous view)")
         LAB.assert_raises_clearly(lambda: fn(x, -1), must_mention=("blocks",), case=f"{name}(x, blocks=-1)")
 
 
@@ -282,7 +287,8 @@ def test_row_stats_unaligned_rows(dtype):
     poison_allocator(2 * rows, FP32)
     m, s = LAB.module.row_stats(x)
     torch.cuda.synchronize()
-    check_row_stats(m, s, x, f"row_stats of a {rows}x{cols} {dtype_name(dtype)} view starting 1 element into its storage")
+    check_row_stats(m, s, x,
+                    f"row_stats of a {rows}x{cols} {dtype_name(dtype)} view starting 1 element into its storage")
 
 
 @requires_gpu
@@ -290,7 +296,8 @@ def test_row_stats_unaligned_rows(dtype):
 def test_row_stats_input_errors():
     x = random_tensor((33, 17), FP32)
     rs = LAB.module.row_stats
-    LAB.assert_raises_clearly(lambda: rs(x.t()), must_mention=("contiguous",), case="row_stats(x.t(), a non-contiguous view)")
+    LAB.assert_raises_clearly(lambda: rs(x.t()), must_mention=("contiguous",),
+                              case="row_stats(x.t(), a non-contiguous view)")
     LAB.assert_raises_clearly(lambda: rs(x[:, ::2]), must_mention=("contiguous",), case="row_stats(x[:, ::2])")
     LAB.assert_raises_clearly(lambda: rs(x.half()), must_mention=("dtype",), case="row_stats(x of dtype float16)")
     LAB.assert_raises_clearly(lambda: rs(x[:, :0]), must_mention=("empty",), case="row_stats(x of shape [33, 0])")
@@ -371,7 +378,8 @@ MUTANTS = [
     harness.Mutant("race-on-shared-partials", "reduce.cuh",
                    "  __syncthreads();  // every warp's result is in shared memory before any warp reads them\n", "",
                    tests="test_sum and not atomic and not grid", expect="__syncthreads"),
-    harness.Mutant("lost-tail", "sum.cu", "  if (thread < n - tail_start) acc[0] += reduce::to_float(x[tail_start + thread]);\n",
+    harness.Mutant("lost-tail", "sum.cu",
+                   "  if (thread < n - tail_start) acc[0] += reduce::to_float(x[tail_start + thread]);\n",
                    "", tests="test_sum and not atomic and not grid", expect="tail elements"),
     harness.Mutant("grid-not-one-wave", "sum.cu", "std::min(needed_blocks, one_wave))), kThreadsPerBlock}",
                    "needed_blocks)), kThreadsPerBlock}",

@@ -97,8 +97,8 @@ def test_can_vectorize(shape, offsets):
     case = f"can_vectorize(M={M}, N={N}, K={K}, A, B, C at 16k + {offsets} bytes) gave {got}"
     reasons = []
     if K % 4:
-        reasons.append(f"K = {K} is not a multiple of 4: row 1 of A starts 4 * K bytes after row 0, off the 16-byte grid, "
-                       "and the last float4 of a row would run into the next row")
+        reasons.append(f"K = {K} is not a multiple of 4: row 1 of A starts 4 * K bytes after row 0, "
+                       "off the 16-byte grid, and the last float4 of a row would run into the next row")
     if N % 4:
         reasons.append(f"N = {N} is not a multiple of 4: the rows of B and C do not all start on a 16-byte boundary")
     for name, off in zip("ABC", offsets):
@@ -219,7 +219,8 @@ def test_runs_on_current_stream():
     outs = LAB.capture_on_current_stream(lambda: {rung.number: LAB.module.matmul(a, a, rung.number) for rung in LADDER},
                                          inputs=a, case="every kernel of the ladder")
     for rung in LADDER:
-        LAB.assert_close(outs[rung.number], a.double() @ a.double(), case=f"kernel {rung.number} replayed from a CUDA graph",
+        LAB.assert_close(outs[rung.number], a.double() @ a.double(),
+                         case=f"kernel {rung.number} replayed from a CUDA graph",
                          tol=tolerance(FP32, 256), hint=harness.STREAM_HINT)
 
 

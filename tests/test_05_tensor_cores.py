@@ -6,8 +6,8 @@ the SAME values, so input rounding cancels and two errors remain:
      sqrt(K), which is harness.tolerance(float32, K) (8 * 2^-24 * sqrt(K): 4e-5 at K = 4096);
   2. one rounding of the output to bf16 (2^-8) or fp16 (2^-11): harness.tolerance(dtype).
 The activation (fp32 __expf and __fdividef, ~1e-6 relative) adds a few fp32 roundings, and its
-slope is at most ~1.13, so it magnifies neither. The output rounding dominates by two orders of magnitude, so a kernel that
-loses even one bit of its fp32 accumulators still passes, and a wrong element (bias from the
+slope is at most ~1.13, so it magnifies neither. The output rounding dominates by two orders of magnitude,
+so a kernel that loses even one bit of its fp32 accumulators still passes, and a wrong element (bias from the
 wrong column, a missing k-slice) misses by far more.
 """
 from __future__ import annotations
@@ -249,7 +249,8 @@ def test_edge_tiles_stay_inside(shape):
     LAB.module.linear_act(x, weight, bias, "gelu", out=buffer[:m])
     torch.cuda.synchronize()
     case = f"linear_act M={m} N={n} K={k} into out = buffer[:{m}]"
-    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(FP16, k), tile=block_tile(), case=case, hint=HINT)
+    LAB.assert_close(buffer[:m], reference(x, weight, bias, "gelu"), tol=tol(FP16, k), tile=block_tile(),
+                     case=case, hint=HINT)
     written = int((~buffer[m:].isnan()).sum().item())
     if written:
         first = int((~buffer[m:].isnan()).flatten().nonzero()[0].item())
@@ -323,7 +324,8 @@ def test_dtype_errors_suggest_a_call_that_runs():
             raise harness.GradeFailure(f"{case}: the error suggests `{suggestion}`, which fails in Python: "
                                        f"{type(error).__name__}: {error}") from None
         assert fixed.dtype in fixed_dtypes, (
-            f"{case}: the error suggests `{suggestion}`, which gives {fixed.dtype}, not {' or '.join(map(str, fixed_dtypes))}")
+            f"{case}: the error suggests `{suggestion}`, which gives {fixed.dtype}, "
+            f"not {' or '.join(map(str, fixed_dtypes))}")
 
 
 @requires_gpu
@@ -391,10 +393,12 @@ def test_wgmma_zero_k_and_batched():
     skip_without_wgmma()
     x, weight, bias = make_inputs(5, 16, 0, BF16)
     out = LAB.module.linear_act_wgmma(x, weight, bias, "gelu")
-    LAB.assert_close(out, reference(x, weight, bias, "gelu"), tol=tol(BF16, 1), case="linear_act_wgmma K = 0: act(bias)")
+    LAB.assert_close(out, reference(x, weight, bias, "gelu"), tol=tol(BF16, 1),
+                     case="linear_act_wgmma K = 0: act(bias)")
     x, weight, bias = make_inputs(7, 48, 40, BF16, (2, 5))
     out = LAB.module.linear_act_wgmma(x, weight, bias, "relu")
-    LAB.assert_close(out, reference(x, weight, bias, "relu"), tol=tol(BF16, 40), case="linear_act_wgmma x [2, 5, 7, 40]")
+    LAB.assert_close(out, reference(x, weight, bias, "relu"), tol=tol(BF16, 40),
+                     case="linear_act_wgmma x [2, 5, 7, 40]")
 
 
 @requires_gpu

@@ -46,7 +46,8 @@ def grade_all(submissions: Path, out: Path, *extra: str) -> tuple[dict, list[dic
 
 
 WILD_WRITE = ("    y[i] = alpha * x[i];", "    y[i + (int64_t{1} << 40)] = alpha * x[i];")
-SPIN_FOREVER = ("    y[i] = alpha * x[i];", "    for (;;) __nanosleep(1000);  // a side effect the compiler must keep\n    y[i] = alpha * x[i];")
+SPIN_FOREVER = ("    y[i] = alpha * x[i];",
+                "    for (;;) __nanosleep(1000);  // a side effect the compiler must keep\n    y[i] = alpha * x[i];")
 SYNTAX_ERROR = ("#include <algorithm>", "#include <algorithm>\nthis is not C++;")
 
 
@@ -61,7 +62,8 @@ def graded_class(tmp_path_factory):
     planted(submissions, "carol", edits={"scale.cu": SYNTAX_ERROR})
     before = tree_digest(submissions)
     gradescope_dir = root / "gradescope"
-    report, rows, output = grade_all(submissions, root / "grades.json", "--format", "gradescope", "--out", str(gradescope_dir))
+    report, rows, output = grade_all(submissions, root / "grades.json", "--format", "gradescope",
+                                     "--out", str(gradescope_dir))
     return {"submissions": submissions, "modified": tree_digest(submissions) != before, "report": report, "rows": rows,
             "output": output, "gradescope": gradescope_dir}
 
@@ -95,7 +97,8 @@ def gradescope_results(path: Path, points: dict) -> dict:
     tasks = {}
     for test in data["tests"]:
         for key, types in GRADESCOPE_TEST_FIELDS.items():
-            assert isinstance(test.get(key), types), f"{path}: test {test.get('name')!r}: {key!r} missing or not {types}"
+            assert isinstance(test.get(key), types), (
+                f"{path}: test {test.get('name')!r}: {key!r} missing or not {types}")
         assert test["visibility"] in GRADESCOPE_VISIBILITY and test["status"] in ("passed", "failed"), test
         assert 0 <= test["score"] <= test["max_score"], test
         tasks[test["name"].split()[1].rstrip(":")] = test
@@ -113,13 +116,15 @@ def test_gradescope_results_for_a_good_an_unfinished_and_an_uncompilable_submiss
                for student in ("alice", "bob", "carol")}
     carol = results["carol"]
     assert carol["score"] == 0 and all(t["score"] == 0 for t in carol["tests"])
-    compiler_error = re.compile(r"scale\.cu(\(\d+\)|:\d+:\d+): error")  # nvcc's "f.cu(6): error", g++'s "f.cu:6:1: error"
+    # nvcc's "f.cu(6): error", g++'s "f.cu:6:1: error"
+    compiler_error = re.compile(r"scale\.cu(\(\d+\)|:\d+:\d+): error")
     for text in [carol["output"], *(t["output"] for t in carol["tests"])]:
         assert "did not build" in text and compiler_error.search(text), f"no compiler error in:\n{text[:3000]}"
     alice, bob = results["alice"], results["bob"]
     assert bob["score"] <= alice["score"], (bob["score"], alice["score"])
     # Where a test that ran (on CPU: the launch configuration, axpy's input check) tells them apart, it shows.
-    told = any(t["outcome"] == "failed" and t.get("kind") != "reference" and t.get("tasks") and t["name"] != "test_builds"
+    told = any(t["outcome"] == "failed" and t.get("kind") != "reference" and t.get("tasks")
+               and t["name"] != "test_builds"
                for t in report["bob"][0]["tests"])
     if told:
         assert bob["score"] < alice["score"], (bob["score"], alice["score"])
@@ -162,14 +167,15 @@ def test_sanitize_finds_a_write_one_past_the_end(tmp_path):
     """A write one element past the output: often invisible to the comparison, never to memcheck."""
     submission = planted(tmp_path, "off-by-one", edits={"scale.cu": ONE_PAST_THE_END})
     out = tmp_path / "sanitize.json"
-    run = subprocess.run([COURSE, "sanitize", "00", "--impl", str(submission), "--tool", "memcheck", "--json", str(out)],
+    run = subprocess.run([COURSE, "sanitize", "00", "--impl", str(submission), "--tool", "memcheck",
+                          "--json", str(out)],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 1, f"./course sanitize passed a kernel that writes out of bounds:\n{run.stdout[-2000:]}"
     memcheck = json.loads(out.read_text())["tools"][0]
     # On the H200 (2026-11-21) memcheck reported this write as the kernel's launch failure
     # ("Program hit cudaErrorLaunchFailure"), with 3 errors in its summary.
-    assert memcheck["errors"] > 0 and any("Invalid __global__" in line or "launch failure" in line
-                                          for line in memcheck["findings"]), (memcheck["findings"], memcheck["summaries"])
+    reported = any("Invalid __global__" in line or "launch failure" in line for line in memcheck["findings"])
+    assert memcheck["errors"] > 0 and reported, (memcheck["findings"], memcheck["summaries"])
 
 
 # ---------------------------------------------------------------- doctor
@@ -201,7 +207,8 @@ class FakeProbe(doctor.Probe):
 
 
 def _doctor(**broken) -> dict:
-    return {what: (ok, detail) for what, ok, detail in doctor.checks(trees.ROOT, trees, course_env, FakeProbe(**broken))}
+    checks = doctor.checks(trees.ROOT, trees, course_env, FakeProbe(**broken))
+    return {what: (ok, detail) for what, ok, detail in checks}
 
 
 def test_doctor_all_good():

@@ -24,5 +24,6 @@ def test_grader_fails_mutant(lab, mutant):
     assert failures, f"lab {lab.name}: the grader passed the known-wrong variant {mutant.name!r} ({mutant.file})"
     messages = "\n".join(f["message"] for f in failures)
     assert mutant.expect.lower() in messages.lower(), (
-        f"lab {lab.name}, variant {mutant.name!r}: the grader failed it, but no message says {mutant.expect!r}:\n{messages[:2000]}"
+        f"lab {lab.name}, variant {mutant.name!r}: the grader failed it, "
+        f"but no message says {mutant.expect!r}:\n{messages[:2000]}"
     )

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+
 from harness import trees
 
 SITE_TOOLS = trees.ROOT / "tools" / "site"

@@ -36,7 +36,30 @@ int f() {
 
 
 def test_strip_solutions_keeps_todo_and_stub():
-    assert labgen.strip_solutions(SOLUTION, "x.cu") == "int f() {\n  // TODO(lab99.1): return the answer\n  return 0;\n}\n"
+    assert labgen.strip_solutions(SOLUTION, "x.cu") == (
+        "int f() {\n  // TODO(lab99.1): return the answer\n  return 0;\n}\n")
+
+
+def test_strip_solutions_keeps_a_multi_line_task_text():
+    """A task text continues on the comment lines right after BEGIN that indent by 2+ spaces; the
+    solution's own first comment (one space) is code of the region and stays out of the lab."""
+    solution = ("  // SOLUTION BEGIN lab99.1: return the answer, which is\n"
+                "  //   the product of six and seven\n"
+                "  // the reference's own note\n"
+                "  return 42;\n"
+                "  // SOLUTION END\n")
+    assert labgen.strip_solutions(solution, "x.cu") == (
+        "  // TODO(lab99.1): return the answer, which is\n  //   the product of six and seven\n")
+
+
+def test_no_todo_line_runs_past_the_column_limit():
+    for lab in trees.all_labs():
+        for path in sorted(lab.dir_in(trees.resolve_tree("labs")).iterdir()):
+            if path.suffix in trees.CXX_SUFFIXES:
+                long = [n for n, line in enumerate(path.read_text().splitlines(), 1)
+                        if "TODO(" in line and len(line) > 120]
+                assert not long, f"{path.relative_to(trees.ROOT)}:{long}: a TODO line over 120 columns (continue its "\
+                                 "text on indented comment lines after SOLUTION BEGIN)"
 
 
 @pytest.mark.parametrize("broken, problem", [
@@ -94,13 +117,15 @@ def test_every_task_has_a_todo_a_test_and_a_lesson_row():
                                 if p.suffix in labgen.COMMENT)
         tasks = sorted(set(re.findall(r"SOLUTION BEGIN (lab\d\d\.\d+)", solution_text)))
         assert tasks, f"{lab.name} has no SOLUTION regions"
-        assert all(t.startswith(lab.module_stem + ".") for t in tasks), f"{lab.name}: task ids must start with {lab.module_stem}."
+        assert all(t.startswith(lab.module_stem + ".") for t in tasks), (
+            f"{lab.name}: task ids must start with {lab.module_stem}.")
         todos = {t.task for t in open_todos(lab, trees.resolve_tree("labs"))}
         module = importlib.import_module(lab.test_file.stem)
         declared = declarations_in(module)
         typos = {name: sorted(ids - set(tasks) - {ALL}) for name, ids in declared.items() if ids - set(tasks) - {ALL}}
         assert not typos, f"{lab.test_file.name} declares ids that are not tasks of {lab.name} ({tasks}): {typos}"
-        undeclared = [name for name, ids in declared.items() if not ids and not _is_reference_check(getattr(module, name))]
+        undeclared = [name for name, ids in declared.items()
+                      if not ids and not _is_reference_check(getattr(module, name))]
         assert not undeclared, (f"{lab.test_file.name}: these tests declare neither the tasks they grade "
                                 "(@harness.tasks) nor that they check given code (@harness.reference_check): "
                                 f"{undeclared}")
@@ -187,7 +212,9 @@ def test_assert_close_rejects_wrong_shape():
 
 
 # ---------------------------------------------------------------- the CLI
-@pytest.mark.parametrize("command", ["serve", "site", "setup", "test", "grade", "sanitize", "build", "bench", "labs", "doctor"])
+@pytest.mark.parametrize(
+    "command", ["serve", "site", "setup", "test", "grade", "sanitize", "build", "bench", "labs", "lint", "doctor"]
+)
 def test_every_subcommand_has_help(command):
     result = subprocess.run([COURSE, command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
@@ -213,7 +240,8 @@ def test_skeleton_builds_and_fails_naming_its_todos(lab, tmp_path):
     builds = [t for t in tests if t["name"] == "test_builds"]
     assert builds and builds[0]["outcome"] == "passed", f"the {lab.name} skeleton does not build: {builds}"
     failed = [t for t in tests if t["outcome"] == "failed"]
-    assert failed, f"the untouched {lab.name} skeleton passed every test: the grader checks nothing a TODO leaves undone"
+    assert failed, (f"the untouched {lab.name} skeleton passed every test: "
+                    "the grader checks nothing a TODO leaves undone")
     reference = [t for t in failed if t["kind"] == "reference"]
     assert not reference, (
         f"reference checks of the untouched {lab.name} skeleton failed: they check code the lab gives, which no TODO "

@@ -37,9 +37,8 @@ __host__ __device__ constexpr T ceil_div(T n, T per_block) {
 // the failing call, and a grader process survives to report it.
 inline void check_cuda(cudaError_t status, const char* expr, const char* file, int line) {
   if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(status) + " (" +
-                             cudaGetErrorString(status) + ") from " + expr + " at " + file + ":" +
-                             std::to_string(line));
+    throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
+                             ") from " + expr + " at " + file + ":" + std::to_string(line));
   }
 }
 

@@ -41,8 +41,8 @@ inline std::string describe(const at::Tensor& t) {
 // where the error can still say what to do, instead of an illegal address later.
 inline void check_cuda_tensor(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", describe(t),
-              "; move it with ", name, ".cuda() or create it with device='cuda'");
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", describe(t), "; move it with ", name,
+              ".cuda() or create it with device='cuda'");
 }
 // --8<-- [end:check_cuda_tensor]
 
@@ -51,17 +51,28 @@ inline void check_cuda_tensor(const at::Tensor& t, const char* op, const char* n
 // torch does not have; lowercased they are right for every type but these.
 inline std::string python_dtype(at::ScalarType type) {
   switch (type) {
-    case at::ScalarType::Byte: return "torch.uint8";
-    case at::ScalarType::Char: return "torch.int8";
-    case at::ScalarType::Short: return "torch.int16";
-    case at::ScalarType::Int: return "torch.int32";
-    case at::ScalarType::Long: return "torch.int64";
-    case at::ScalarType::Half: return "torch.float16";
-    case at::ScalarType::Float: return "torch.float32";
-    case at::ScalarType::Double: return "torch.float64";
-    case at::ScalarType::ComplexHalf: return "torch.complex32";
-    case at::ScalarType::ComplexFloat: return "torch.complex64";
-    case at::ScalarType::ComplexDouble: return "torch.complex128";
+    case at::ScalarType::Byte:
+      return "torch.uint8";
+    case at::ScalarType::Char:
+      return "torch.int8";
+    case at::ScalarType::Short:
+      return "torch.int16";
+    case at::ScalarType::Int:
+      return "torch.int32";
+    case at::ScalarType::Long:
+      return "torch.int64";
+    case at::ScalarType::Half:
+      return "torch.float16";
+    case at::ScalarType::Float:
+      return "torch.float32";
+    case at::ScalarType::Double:
+      return "torch.float64";
+    case at::ScalarType::ComplexHalf:
+      return "torch.complex32";
+    case at::ScalarType::ComplexFloat:
+      return "torch.complex64";
+    case at::ScalarType::ComplexDouble:
+      return "torch.complex128";
     default: {  // BFloat16, Bool, Float8_e4m3fn, UInt16, QInt8, ...
       std::string name = c10::toString(type);
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -78,14 +89,14 @@ inline void check_dtype(const at::Tensor& t, const char* op, const char* name, a
 
 // Kernels index with a flat offset, which is only right for row-major, gap-free storage.
 inline void check_contiguous(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", describe(t),
-              " with strides ", format_dims(t.strides()), "; pass ", name, ".contiguous()");
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", describe(t), " with strides ",
+              format_dims(t.strides()), "; pass ", name, ".contiguous()");
 }
 
 inline void check_same_shape(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,
                              const char* name_b) {
-  TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", name_a, " and ", name_b, " must have the same shape, got ",
-              describe(a), " and ", describe(b));
+  TORCH_CHECK(a.sizes() == b.sizes(), op, ": ", name_a, " and ", name_b, " must have the same shape, got ", describe(a),
+              " and ", describe(b));
 }
 
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* op, const char* name_a,

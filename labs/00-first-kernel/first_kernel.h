@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/00-first-kernel/first_kernel.h by `./course labs` [lab-hash 0c94500cebb5].
+// Lab skeleton generated from solutions/00-first-kernel/first_kernel.h by `./course labs` [lab-hash 32291145fb75].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00's kernel launchers: plain pointers and a stream, no torch types, so the
@@ -24,5 +24,4 @@ LaunchConfig launch_config(int64_t n, int sm_count, int max_threads_per_sm);
 void launch_scale(const float* x, float* y, float alpha, int64_t n, int blocks, cudaStream_t stream);
 
 // out = alpha * x + y over n floats; blocks as for launch_scale.
-void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks,
-                 cudaStream_t stream);
+void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks, cudaStream_t stream);

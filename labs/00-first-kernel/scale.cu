@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/00-first-kernel/scale.cu by `./course labs` [lab-hash 7b3a35e8fff0].
+// Lab skeleton generated from solutions/00-first-kernel/scale.cu by `./course labs` [lab-hash a05e2811dace].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00: the first kernels. One thread per element would need as many threads as
@@ -27,7 +27,8 @@ int threads_per_block() { return kThreadsPerBlock; }
 
 // --8<-- [start:scale_kernel]
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float alpha, int64_t n) {
-  // TODO(lab00.1): grid-stride loop: start at this thread's global index and step by the number of threads in the whole grid, so any grid covers all n elements
+  // TODO(lab00.1): grid-stride loop: start at this thread's global index and step by the number of threads in
+  //   the whole grid, so any grid covers all n elements
 }
 // --8<-- [end:scale_kernel]
 
@@ -38,7 +39,8 @@ __global__ void axpy_kernel(float alpha, const float* __restrict__ x, const floa
 
 // --8<-- [start:launch_config]
 LaunchConfig launch_config(int64_t n, int sm_count, int max_threads_per_sm) {
-  // TODO(lab00.2): derive the launch: kThreadsPerBlock threads; enough blocks to cover n, but no more than fit on the GPU at once (sm_count * max_threads_per_sm threads), since the grid-stride loop covers the rest
+  // TODO(lab00.2): derive the launch: kThreadsPerBlock threads; enough blocks to cover n, but no more than fit
+  //   on the GPU at once (sm_count * max_threads_per_sm threads), since the grid-stride loop covers the rest
   LaunchConfig config{1, 1};
   return config;
 }
@@ -60,8 +62,7 @@ void launch_scale(const float* x, float* y, float alpha, int64_t n, int blocks, 
 }
 // --8<-- [end:launch_scale]
 
-void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks,
-                 cudaStream_t stream) {
+void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks, cudaStream_t stream) {
   if (n == 0) return;
   const LaunchConfig config = config_for(n, blocks);
   axpy_kernel<<<config.blocks, config.threads, 0, stream>>>(alpha, x, y, out, n);

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/00-first-kernel/wrapper.cpp by `./course labs` [lab-hash 445c031693da].
+// Lab skeleton generated from solutions/00-first-kernel/wrapper.cpp by `./course labs` [lab-hash 159c6fa5cb0e].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00's host wrapper: Tensor in, checks, current stream, launch, Tensor out.
@@ -24,7 +24,8 @@ at::Tensor scale(const at::Tensor& x, double alpha, int64_t blocks) {
 
 // --8<-- [start:axpy]
 at::Tensor axpy(double alpha, const at::Tensor& x, const at::Tensor& y, int64_t blocks) {
-  // TODO(lab00.4): check both inputs as scale() does (CUDA, float32, contiguous), and that x and y share a device and a shape; then allocate out, guard x's device and launch on the current stream
+  // TODO(lab00.4): check both inputs as scale() does (CUDA, float32, contiguous), and that x and y share a
+  //   device and a shape; then allocate out, guard x's device and launch on the current stream
   return at::empty_like(x);
 }
 // --8<-- [end:axpy]

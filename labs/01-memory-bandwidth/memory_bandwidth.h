@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/memory_bandwidth.h by `./course labs` [lab-hash 016403c7f391].
+// Lab skeleton generated from solutions/01-memory-bandwidth/memory_bandwidth.h by `./course labs` [lab-hash 2b1edb54233f].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's kernel launchers: plain pointers, sizes and a stream, no torch types, so the
@@ -48,8 +48,7 @@ VectorSplit vector_split(uintptr_t src_address, uintptr_t dst_address, int64_t n
 void launch_copy_coalesced(const float* src, float* dst, int64_t n, int blocks, cudaStream_t stream);
 
 // The same copy, but consecutive threads touch elements `stride` apart (stride >= 1).
-void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride, int blocks,
-                         cudaStream_t stream);
+void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride, int blocks, cudaStream_t stream);
 
 // The same copy with 16-byte float4 accesses, scalar head and tail; any alignment of src and dst.
 // blocks = 0 launches one block per chunk of the body (faster than one wave: see the launcher).

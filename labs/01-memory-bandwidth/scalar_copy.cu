@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/scalar_copy.cu by `./course labs` [lab-hash d807f742369c].
+// Lab skeleton generated from solutions/01-memory-bandwidth/scalar_copy.cu by `./course labs` [lab-hash 18d8aadc7391].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01, part 1: two scalar copies that do the same work and differ only in WHICH element
@@ -22,20 +22,24 @@ LaunchConfig copy_launch(int64_t work_items, int threads, int sm_count, int max_
 // --8<-- [start:coalesced]
 __global__ void __launch_bounds__(kThreadsPerBlock)
     copy_coalesced_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n) {
-  // TODO(lab01.1): grid-stride copy dst[i] = src[i] where consecutive threads take consecutive elements, so a warp's 32 loads fall into one 128-byte line
+  // TODO(lab01.1): grid-stride copy dst[i] = src[i] where consecutive threads take consecutive elements, so a
+  //   warp's 32 loads fall into one 128-byte line
 }
 // --8<-- [end:coalesced]
 
 // --8<-- [start:strided]
 __global__ void __launch_bounds__(kThreadsPerBlock)
     copy_strided_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t stride) {
-  // TODO(lab01.2): copy every element exactly once, but with neighbouring threads `stride` elements apart: view the n elements as rows of `stride` columns, give thread t row t (grid-stride over rows) and walk the columns one after another; skip positions >= n in the last, short row
+  // TODO(lab01.2): copy every element exactly once, but with neighbouring threads `stride` elements apart:
+  //   view the n elements as rows of `stride` columns, give thread t row t (grid-stride over rows) and walk the columns
+  //   one after another; skip positions >= n in the last, short row
 }
 // --8<-- [end:strided]
 
 LaunchConfig copy_launch_on_current_device(int64_t work_items, int blocks) {
-  LaunchConfig launch = copy_launch(work_items, kThreadsPerBlock, course::device_attribute(cudaDevAttrMultiProcessorCount),
-                                  course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
+  LaunchConfig launch =
+      copy_launch(work_items, kThreadsPerBlock, course::device_attribute(cudaDevAttrMultiProcessorCount),
+                  course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
   if (blocks > 0) launch.blocks = blocks;
   return launch;
 }
@@ -52,7 +56,8 @@ void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride
   // A stride past n changes nothing (every row but the first is empty) but would make the
   // kernel loop over columns that hold no element; n also keeps row * stride from overflowing.
   stride = std::min(stride, n);
-  const LaunchConfig launch = copy_launch_on_current_device(course::ceil_div<int64_t>(n, stride), blocks);  // one thread per row
+  const LaunchConfig launch =
+      copy_launch_on_current_device(course::ceil_div<int64_t>(n, stride), blocks);  // one thread per row
   copy_strided_kernel<<<launch.blocks, launch.threads, 0, stream>>>(src, dst, n, stride);
   COURSE_CHECK_LAUNCH();
 }

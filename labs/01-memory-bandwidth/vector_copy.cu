@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash 7ceb85266130].
+// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash 5f760eb2b103].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01, part 2: the copy with 16-byte accesses. One float4 load moves four floats in one
@@ -32,7 +32,9 @@ static_assert(kVectorsPerThread * kFloatsPerVector <= 65536 / 2048 / 2,
 
 // --8<-- [start:vector_split]
 VectorSplit vector_split(uintptr_t src_address, uintptr_t dst_address, int64_t n) {
-  // TODO(lab01.3): split n floats into a scalar head (until src and dst reach a 16-byte boundary), float4 vectors and a scalar tail of fewer than 4; no vectors at all when src and dst cannot be 16-byte aligned at the same element
+  // TODO(lab01.3): split n floats into a scalar head (until src and dst reach a 16-byte boundary), float4
+  //   vectors and a scalar tail of fewer than 4; no vectors at all when src and dst cannot be 16-byte aligned at the
+  //   same element
   return VectorSplit{n, 0, 0};
 }
 // --8<-- [end:vector_split]
@@ -42,7 +44,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     copy_vectorized_kernel(const float* __restrict__ src, float* __restrict__ dst, VectorSplit split) {
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t grid_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  // TODO(lab01.4): three grid-stride loops: the scalar head [0, head); the float4 body, each thread loading kVectorsPerThread float4s (a warp's loads contiguous) before storing them; the scalar tail [head + 4 * vectors, n)
+  // TODO(lab01.4): three grid-stride loops: the scalar head [0, head); the float4 body, each thread loading
+  //   kVectorsPerThread float4s (a warp's loads contiguous) before storing them; the scalar tail [head + 4 * vectors,
+  //   n)
 }
 // --8<-- [end:kernel]
 
@@ -52,7 +56,8 @@ void launch_copy_vectorized(const float* src, float* dst, int64_t n, int blocks,
   const VectorSplit split = vector_split(reinterpret_cast<uintptr_t>(src), reinterpret_cast<uintptr_t>(dst), n);
   // A thread's unit of work is one trip of the body loop (kVectorsPerThread float4s), or one
   // scalar when the pointers cannot align and everything is head.
-  const int64_t work_items = std::max(course::ceil_div<int64_t>(split.vectors, kVectorsPerThread), split.head + split.tail);
+  const int64_t work_items =
+      std::max(course::ceil_div<int64_t>(split.vectors, kVectorsPerThread), split.head + split.tail);
   // One block per chunk, not lesson 00's single wave. Measured on an H200 (1 GiB,
   // tools/gpu/lab01-variants.txt): one wave reached 90% of copy bandwidth, 16 waves 94%, one
   // block per chunk 96%. The likely reason is balance: a fixed one-wave split gives every SM the

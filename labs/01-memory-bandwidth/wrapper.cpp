@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash 92f3db308704].
+// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash 587b6dcd65f7].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's host wrapper: Tensors in, checks, current stream, launch. The copies write into a
@@ -23,8 +23,8 @@ static void check_copy(const at::Tensor& dst, const at::Tensor& src, const char*
   course::check_same_shape(dst, src, op, "dst", "src");
   // The kernels' __restrict__ promises the compiler that dst and src never alias; with an
   // overlap, a thread could overwrite what another has yet to read.
-  TORCH_CHECK(at::get_overlap_status(dst, src) == at::MemOverlapStatus::No, op,
-              ": dst and src overlap in memory (", course::describe(dst), " and ", course::describe(src),
+  TORCH_CHECK(at::get_overlap_status(dst, src) == at::MemOverlapStatus::No, op, ": dst and src overlap in memory (",
+              course::describe(dst), " and ", course::describe(src),
               "); copy into a separate tensor, e.g. src.clone()");
 }
 // --8<-- [end:checks]
@@ -59,8 +59,9 @@ at::Tensor copy_vectorized(const at::Tensor& dst, const at::Tensor& src, int64_t
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("copy_coalesced", &copy_coalesced, "dst[i] = src[i], neighbouring threads on neighbouring elements; returns dst",
-        pybind11::arg("dst"), pybind11::arg("src"), pybind11::arg("blocks") = 0);
+  m.def("copy_coalesced", &copy_coalesced,
+        "dst[i] = src[i], neighbouring threads on neighbouring elements; returns dst", pybind11::arg("dst"),
+        pybind11::arg("src"), pybind11::arg("blocks") = 0);
   m.def("copy_strided", &copy_strided, "dst[i] = src[i], neighbouring threads `stride` elements apart; returns dst",
         pybind11::arg("dst"), pybind11::arg("src"), pybind11::arg("stride"), pybind11::arg("blocks") = 0);
   m.def("copy_vectorized", &copy_vectorized, "dst[i] = src[i] with 16-byte float4 accesses; returns dst",

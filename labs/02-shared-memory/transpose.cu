@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash bb7cd93bf7e1].
+// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash cba4a17bf0fc].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02: transpose through shared memory. A transpose moves every element once and computes
@@ -65,7 +65,8 @@ static_assert(column_read_ways(kTile) == kWarpSize, "unpadded 32 x 32 float tile
 // --8<-- [end:banks]
 
 // --8<-- [start:padding]
-// TODO(lab02.3): choose the padded tile's row stride (floats between rows) so that the 32 floats of a tile column fall in 32 different banks, and state it in a static_assert with column_read_ways
+// TODO(lab02.3): choose the padded tile's row stride (floats between rows) so that the 32 floats of a tile
+//   column fall in 32 different banks, and state it in a static_assert with column_read_ways
 constexpr int kPaddedRowStride = kTile;  // correct, but every column read is a 32-way bank conflict
 // --8<-- [end:padding]
 
@@ -126,7 +127,9 @@ template <int kRowStride>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     tiled_transpose_kernel(const float* __restrict__ in, float* __restrict__ out, TransposeShape shape, TileGrid grid) {
   __shared__ float tile[kTile][kRowStride];
-  // TODO(lab02.2): load the block's tile row by row (lane threadIdx.x takes a column, so a warp reads one input row), wait for the whole block, then write the tile's columns as output rows (lane threadIdx.x takes an output column); guard both sides against the matrix edges
+  // TODO(lab02.2): load the block's tile row by row (lane threadIdx.x takes a column, so a warp reads one
+  //   input row), wait for the whole block, then write the tile's columns as output rows (lane threadIdx.x takes an
+  //   output column); guard both sides against the matrix edges
   (void)tile;
 }
 // --8<-- [end:tiled_kernel]
@@ -150,7 +153,8 @@ void launch_transpose(TransposeKernel kernel, const float* in, float* out, const
   // One block per tile, in a 1-D grid: gridDim.x reaches 2^31 - 1 (y and z stop at 65535),
   // i.e. 2^41 elements, more than any GPU holds.
   if (grid.blocks > INT_MAX) {
-    throw std::invalid_argument("transpose: " + std::to_string(grid.blocks) + " tiles exceed the grid limit of 2^31 - 1");
+    throw std::invalid_argument("transpose: " + std::to_string(grid.blocks) +
+                                " tiles exceed the grid limit of 2^31 - 1");
   }
   const dim3 threads(kTile, kBlockRows);
   const int blocks = static_cast<int>(grid.blocks);

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/wrapper.cpp by `./course labs` [lab-hash 66566cdad8cf].
+// Lab skeleton generated from solutions/02-shared-memory/wrapper.cpp by `./course labs` [lab-hash 7b1cb4bf6ade].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02's host wrapper: Tensor in, checks, current stream, launch, Tensor out.
@@ -18,7 +18,8 @@ static at::Tensor transpose_with(TransposeKernel kernel, const at::Tensor& x, co
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be a matrix (M, N) or a batch of matrices (B, M, N), got ",
               course::describe(x), "; reshape it to 3 dimensions first, e.g. x.flatten(0, -3)");
   const c10::cuda::CUDAGuard device_guard(x.device());
-  // TODO(lab02.1): allocate the output with the last two sizes of x swapped, and describe x to the kernel: a 2-D x is a batch of one; the sizes and the strides (in elements) come from x itself, so views need no copy
+  // TODO(lab02.1): allocate the output with the last two sizes of x swapped, and describe x to the kernel: a
+  //   2-D x is a batch of one; the sizes and the strides (in elements) come from x itself, so views need no copy
   at::Tensor out = at::empty_like(x);
   const TransposeShape shape{0, 0, 0, 0, 0, 0};
   launch_transpose(kernel, x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), shape, course::current_stream());
@@ -28,10 +29,12 @@ static at::Tensor transpose_with(TransposeKernel kernel, const at::Tensor& x, co
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
-      "naive_transpose", [](const at::Tensor& x) { return transpose_with(TransposeKernel::kNaive, x, "naive_transpose"); },
+      "naive_transpose",
+      [](const at::Tensor& x) { return transpose_with(TransposeKernel::kNaive, x, "naive_transpose"); },
       "transpose the last two dims, global memory to global memory (writes uncoalesced)", pybind11::arg("x"));
   m.def(
-      "tiled_transpose", [](const at::Tensor& x) { return transpose_with(TransposeKernel::kTiled, x, "tiled_transpose"); },
+      "tiled_transpose",
+      [](const at::Tensor& x) { return transpose_with(TransposeKernel::kTiled, x, "tiled_transpose"); },
       "transpose the last two dims through a 32 x 32 shared-memory tile", pybind11::arg("x"));
   m.def(
       "padded_transpose",

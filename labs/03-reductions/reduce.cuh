@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/reduce.cuh by `./course labs` [lab-hash df206d704b03].
+// Lab skeleton generated from solutions/03-reductions/reduce.cuh by `./course labs` [lab-hash bd99b350c960].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03's building blocks, shared by the sum and the row statistics: the two
@@ -84,7 +84,9 @@ __host__ __device__ inline int64_t elements_before_alignment(const T* p, int64_t
 // reads a register of another lane, and with the full mask the hardware waits for all 32.
 template <typename Op>
 __device__ __forceinline__ float warp_all_reduce(float value, Op op) {
-  // TODO(lab03.1): butterfly all-reduce: for offset = 16, 8, 4, 2, 1 combine value with the value of lane (lane XOR offset), read with __shfl_xor_sync(kFullWarpMask, value, offset); after 5 steps every lane holds the result
+  // TODO(lab03.1): butterfly all-reduce: for offset = 16, 8, 4, 2, 1 combine value with the value of lane
+  //   (lane XOR offset), read with __shfl_xor_sync(kFullWarpMask, value, offset); after 5 steps every lane holds the
+  //   result
   return value;
 }
 // --8<-- [end:warp_all_reduce]
@@ -99,7 +101,10 @@ __device__ __forceinline__ float block_all_reduce(float value, Op op) {
   __shared__ float warp_results[kWarps];  // one value per warp: 8 floats for 256 threads
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  // TODO(lab03.2): reduce within each warp; lane 0 of each warp stores the warp's result in warp_results[warp]; __syncthreads(); then every warp reads warp_results[lane] (lanes >= kWarps take Op::identity()) and reduces those with warp_all_reduce; __syncthreads() again before returning, so the next call cannot overwrite warp_results while a slow warp still reads them
+  // TODO(lab03.2): reduce within each warp; lane 0 of each warp stores the warp's result in
+  //   warp_results[warp]; __syncthreads(); then every warp reads warp_results[lane] (lanes >= kWarps take
+  //   Op::identity()) and reduces those with warp_all_reduce; __syncthreads() again before returning, so the next call
+  //   cannot overwrite warp_results while a slow warp still reads them
   value = warp_all_reduce(value, op);  // only this warp's share: the other warps' values are lost
   return value;
 }

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/reductions.h by `./course labs` [lab-hash a6a6de7880d6].
+// Lab skeleton generated from solutions/03-reductions/reductions.h by `./course labs` [lab-hash bd8f8266df45].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03's kernel launchers: plain pointers and a stream, no torch types. Each
@@ -53,8 +53,7 @@ void launch_warp_reduce(const T* x, int64_t n, ReduceOp op, float* out, cudaStre
 // The statistics softmax needs, per row of a rows x cols row-major matrix:
 // row_max[r] = max_j x[r, j] and row_sumexp[r] = sum_j exp(x[r, j] - row_max[r]).
 template <typename T>
-void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp,
-                      cudaStream_t stream);
+void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp, cudaStream_t stream);
 
 // Threads that share one row: a warp for short rows, a block for long ones.
 int row_stats_threads_per_row(int64_t cols);

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/row_stats.cu by `./course labs` [lab-hash 54d2169bf8db].
+// Lab skeleton generated from solutions/03-reductions/row_stats.cu by `./course labs` [lab-hash bf498ad50928].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03: row-wise reductions, the base of softmax and of every norm. For each row,
@@ -57,7 +57,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const T* row_x = x + row * cols;
     float m = reduce::Max::identity();
     float s = reduce::Sum::identity();
-    // TODO(lab03.4): two sweeps over the row, each with load_elems(row_x + i * kElems, v) at load indices thread_in_row, thread_in_row + kThreadsPerRow, ... < loads_per_row: first the thread's max, made the row's max with reduce::group_all_reduce<kThreadsPerRow>(m, reduce::Max{}) so that every thread knows it; then the thread's sum of expf(v - m), all-reduced with reduce::Sum{}
+    // TODO(lab03.4): two sweeps over the row, each with load_elems(row_x + i * kElems, v) at load indices
+    //   thread_in_row, thread_in_row + kThreadsPerRow, ... < loads_per_row: first the thread's max, made the row's max
+    //   with reduce::group_all_reduce<kThreadsPerRow>(m, reduce::Max{}) so that every thread knows it; then the
+    //   thread's sum of expf(v - m), all-reduced with reduce::Sum{}
     if (thread_in_row == 0) {
       row_max[row] = m;
       row_sumexp[row] = s;
@@ -72,8 +75,8 @@ static void launch_row_stats_with(const T* x, int64_t rows, int64_t cols, float*
   constexpr int kRowsPerBlock = kThreadsPerBlock / kThreadsPerRow;
   constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // gridDim.x's limit; the row loop covers the rest
   const int blocks = static_cast<int>(std::min(course::ceil_div<int64_t>(rows, kRowsPerBlock), kMaxBlocks));
-  row_stats_kernel<T, kThreadsPerRow, kElems><<<blocks, kThreadsPerBlock, 0, stream>>>(x, rows, cols, row_max,
-                                                                                       row_sumexp);
+  row_stats_kernel<T, kThreadsPerRow, kElems>
+      <<<blocks, kThreadsPerBlock, 0, stream>>>(x, rows, cols, row_max, row_sumexp);
   COURSE_CHECK_LAUNCH();
 }
 
@@ -91,8 +94,7 @@ static void launch_row_stats_per_row(const T* x, int64_t rows, int64_t cols, flo
 }
 
 template <typename T>
-void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp,
-                      cudaStream_t stream) {
+void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp, cudaStream_t stream) {
   if (rows == 0) return;
   if (row_stats_threads_per_row(cols) == kWarpSize) {
     launch_row_stats_per_row<T, kWarpSize>(x, rows, cols, row_max, row_sumexp, stream);

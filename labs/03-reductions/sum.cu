@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/sum.cu by `./course labs` [lab-hash 8cf395c8affd].
+// Lab skeleton generated from solutions/03-reductions/sum.cu by `./course labs` [lab-hash cc1e507cea6f].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03: the sum of a whole array, in two passes (deterministic) or with atomics
@@ -38,7 +38,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
   float thread_sum = 0.0f;
-  // TODO(lab03.3): grid-stride over the whole vectors: per trip load kVectorsInFlight vectors (vectors + (i + k * threads) * kElems, k = 0..kVectorsInFlight-1) with reduce::load_vector BEFORE adding any, into kElems independent float accumulators; then the vectors left over, one per trip; then the scalar elements: the head x[thread] for thread < head and the tail x[tail_start + thread] for thread < n - tail_start. Sum the accumulators into thread_sum
+  // TODO(lab03.3): grid-stride over the whole vectors: per trip load kVectorsInFlight vectors (vectors + (i +
+  //   k * threads) * kElems, k = 0..kVectorsInFlight-1) with reduce::load_vector BEFORE adding any, into kElems
+  //   independent float accumulators; then the vectors left over, one per trip; then the scalar elements: the head
+  //   x[thread] for thread < head and the tail x[tail_start + thread] for thread < n - tail_start. Sum the accumulators
+  //   into thread_sum
 
   const float block_sum = reduce::block_all_reduce<kThreadsPerBlock>(thread_sum, reduce::Sum{});
   if (threadIdx.x == 0) {
@@ -66,7 +70,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // --8<-- [start:sum_grid]
 LaunchConfig sum_grid(int64_t n, int sm_count, int resident_blocks_per_sm) {
-  // TODO(lab03.3): kThreadsPerBlock threads; as many blocks as are resident at once (one wave: sm_count * resident_blocks_per_sm), but no more than ceil(n / kThreadsPerBlock) so that every block has work, and at least 1
+  // TODO(lab03.3): kThreadsPerBlock threads; as many blocks as are resident at once (one wave: sm_count *
+  //   resident_blocks_per_sm), but no more than ceil(n / kThreadsPerBlock) so that every block has work, and at least 1
   LaunchConfig config{1, kThreadsPerBlock};
   return config;
 }
@@ -144,9 +149,9 @@ void launch_warp_reduce(const T* x, int64_t n, ReduceOp op, float* out, cudaStre
 }
 
 // The two element types the wrapper dispatches to.
-#define INSTANTIATE(T)                                                                                  \
-  template LaunchConfig sum_launch_config<T>(int64_t, int);                                             \
-  template void launch_sum<T>(const T*, int64_t, LaunchConfig, float*, float*, bool, cudaStream_t);     \
+#define INSTANTIATE(T)                                                                              \
+  template LaunchConfig sum_launch_config<T>(int64_t, int);                                         \
+  template void launch_sum<T>(const T*, int64_t, LaunchConfig, float*, float*, bool, cudaStream_t); \
   template void launch_warp_reduce<T>(const T*, int64_t, ReduceOp, float*, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

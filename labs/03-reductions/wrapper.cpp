@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/wrapper.cpp by `./course labs` [lab-hash a075fb9ab954].
+// Lab skeleton generated from solutions/03-reductions/wrapper.cpp by `./course labs` [lab-hash 363f44b92c54].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03's host wrapper: checks, the dtype dispatch, the current stream, launches.
@@ -83,7 +83,8 @@ std::tuple<at::Tensor, at::Tensor> row_stats(const at::Tensor& x) {
   check_input(x, "row_stats");
   TORCH_CHECK(x.dim() >= 1, "row_stats: x must have at least one dimension (the row), got ", course::describe(x));
   const int64_t cols = x.size(-1);
-  TORCH_CHECK(cols >= 1, "row_stats: the last dimension of x must not be empty (the max of no elements is undefined), got ",
+  TORCH_CHECK(cols >= 1,
+              "row_stats: the last dimension of x must not be empty (the max of no elements is undefined), got ",
               course::describe(x));
   const int64_t rows = x.numel() / cols;
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -126,10 +127,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "constants",
       [] {
         const ReductionConstants c = reduction_constants();
-        return pybind11::dict(pybind11::arg("warp_size") = c.warp_size,
-                              pybind11::arg("threads_per_block") = c.threads_per_block,
-                              pybind11::arg("vector_bytes") = c.vector_bytes,
-                              pybind11::arg("longest_warp_row") = c.longest_warp_row);
+        return pybind11::dict(
+            pybind11::arg("warp_size") = c.warp_size, pybind11::arg("threads_per_block") = c.threads_per_block,
+            pybind11::arg("vector_bytes") = c.vector_bytes, pybind11::arg("longest_warp_row") = c.longest_warp_row);
       },
       "{warp_size, threads_per_block, vector_bytes, longest_warp_row}: the kernels' fixed numbers");
 }

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/01_naive.cu by `./course labs` [lab-hash b07624564893].
+// Lab skeleton generated from solutions/04-tiled-matmul/01_naive.cu by `./course labs` [lab-hash 79d7b1698784].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 1: naive. One thread per element of C, a dot product of a row of A and a column
@@ -13,8 +13,8 @@ constexpr int kNaiveTile = 32;
 static_assert(kNaiveTile * kNaiveTile <= 1024, "the hardware limit of threads per block");
 
 // --8<-- [start:naive]
-__global__ void __launch_bounds__(kNaiveTile * kNaiveTile) sgemm_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M,
-                            int N, int K) {
+__global__ void __launch_bounds__(kNaiveTile* kNaiveTile)
+    sgemm_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
   // threadIdx.x walks down a column of C: the 32 threads of a warp have 32 different rows,
   // so each load of A[row, k] touches 32 different 128-byte lines (K floats apart), and
   // the stores to C are 32 lines too. Kernel 2 swaps the two indices and nothing else.

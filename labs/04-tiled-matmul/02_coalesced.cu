@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/02_coalesced.cu by `./course labs` [lab-hash 3cc6b7b5f1a8].
+// Lab skeleton generated from solutions/04-tiled-matmul/02_coalesced.cu by `./course labs` [lab-hash 31267ad81f33].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 2: coalesced. The same arithmetic as kernel 1; only the mapping of threads to
@@ -11,8 +11,9 @@ constexpr int kCoalescedTile = 32;
 static_assert(kCoalescedTile == course::kWarpSize, "one warp per row of the block: threadIdx.x spans exactly a warp");
 
 // --8<-- [start:coalesced]
-__global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                                int M, int N, int K) {
+__global__ void __launch_bounds__(kCoalescedTile* kCoalescedTile)
+    sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                    int K) {
   // threadIdx.x now walks along a row of C. In one step k, the warp's 32 threads read
   // A[row, k] (one address: a broadcast), B[k, col..col+31] (one 128-byte line) and at the
   // end store C[row, col..col+31] (one line): 2 lines per step instead of 33.

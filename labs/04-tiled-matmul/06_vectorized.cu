@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/06_vectorized.cu by `./course labs` [lab-hash 891bd6369c0c].
+// Lab skeleton generated from solutions/04-tiled-matmul/06_vectorized.cu by `./course labs` [lab-hash c9b9165e4450].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 6: vectorized loads. Kernel 5's tiles, moved in 16-byte float4s: one float4 load
@@ -28,19 +28,19 @@ static_assert(kBlockK % kVector == 0 && kBlockN % kVector == 0, "tile edges fall
 }  // namespace
 
 // --8<-- [start:can_vectorize]
-bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr_t b_address,
-                   uintptr_t c_address) {
+bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr_t b_address, uintptr_t c_address) {
   (void)M;  // rows are guarded one by one: any M works
-  // TODO(lab04.3): return true only if every float4 access is whole and 16-byte aligned: each row of A starts K floats after the previous one, each row of B and C N floats after (so K and N must be multiples of 4), and the first rows start at a_address, b_address, c_address
+  // TODO(lab04.3): return true only if every float4 access is whole and 16-byte aligned: each row of A starts
+  //   K floats after the previous one, each row of B and C N floats after (so K and N must be multiples of 4), and the
+  //   first rows start at a_address, b_address, c_address
   return false;
 }
 // --8<-- [end:can_vectorize]
 
 // --8<-- [start:vectorized]
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_vectorized(const float* __restrict__ A,
-                                                                            const float* __restrict__ B,
-                                                                            float* __restrict__ C, int M, int N,
-                                                                            int K) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    sgemm_vectorized(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                     int K) {
   __shared__ __align__(16) float a_tile[kBlockK][kBlockM];  // transposed: a_tile[k][r] = A[row0 + r, k0 + k]
   __shared__ __align__(16) float b_tile[kBlockK][kBlockN];  // b_tile[k][c] = B[k0 + k, col0 + c]
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/07_warptiling.cu by `./course labs` [lab-hash 5f77c60e7f05].
+// Lab skeleton generated from solutions/04-tiled-matmul/07_warptiling.cu by `./course labs` [lab-hash 3c21e960a855].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Kernel 7 (the stretch): warp tiling and double buffering. Kernel 6's block tile and
@@ -51,10 +51,9 @@ static_assert(kSmemBytes <= 48 * 1024, "static shared memory is limited to 48 Ki
 }  // namespace
 
 // --8<-- [start:warptiling]
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(const float* __restrict__ A,
-                                                                            const float* __restrict__ B,
-                                                                            float* __restrict__ C, int M, int N,
-                                                                            int K) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    sgemm_warptiling(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                     int K) {
   __shared__ __align__(16) float a_tile[kStages][kBlockK][kBlockM + kPadA];  // transposed, as in kernel 6
   __shared__ __align__(16) float b_tile[kStages][kBlockK][kBlockN];
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;
@@ -73,9 +72,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(co
                                             : zero;
   };
   auto load_b = [&](int k0) {
-    return k0 + b_row < K && col0 + b_col < N
-               ? *reinterpret_cast<const float4*>(&B[(k0 + b_row) * N + col0 + b_col])
-               : zero;
+    return k0 + b_row < K && col0 + b_col < N ? *reinterpret_cast<const float4*>(&B[(k0 + b_row) * N + col0 + b_col])
+                                              : zero;
   };
   auto store = [&](int stage, float4 a, float4 b) {
     a_tile[stage][a_k + 0][a_row] = a.x;
@@ -124,7 +122,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(co
     for (int s = 0; s < kSquaresN; ++s) {
       const int col = col0 + warp_col + s * (kWarpN / 2) + lane_col;
       const float* out = &acc[i][s * kSquare];
-      if (row < M && col < N) *reinterpret_cast<float4*>(&C[row * N + col]) = make_float4(out[0], out[1], out[2], out[3]);
+      if (row < M && col < N)
+        *reinterpret_cast<float4*>(&C[row * N + col]) = make_float4(out[0], out[1], out[2], out[3]);
     }
   }
 }

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/tiled_matmul.h by `./course labs` [lab-hash 02227d1bc391].
+// Lab skeleton generated from solutions/04-tiled-matmul/tiled_matmul.h by `./course labs` [lab-hash 053dea6a9e44].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 04's kernel launchers: C = A @ B in fp32, row-major A [M, K], B [K, N], C [M, N].
@@ -51,8 +51,8 @@ bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr
 // each guarded alone (any M, N). kVector = 4: float4 stores, guarded per float4, which is
 // exact only when can_vectorize() said yes (no float4 straddles C's edge, all aligned).
 template <int kVector, int kRows, int kCols>
-__device__ __forceinline__ void store_tile(float* __restrict__ C, const float (&tile)[kRows][kCols], int row,
-                                           int col, int M, int N) {
+__device__ __forceinline__ void store_tile(float* __restrict__ C, const float (&tile)[kRows][kCols], int row, int col,
+                                           int M, int N) {
   static_assert(kVector == 1 || kVector == 4, "plain float or float4 stores");
   static_assert(kCols % kVector == 0, "each row of the tile is whole vectors");
 #pragma unroll
@@ -63,7 +63,8 @@ __device__ __forceinline__ void store_tile(float* __restrict__ C, const float (&
       const int c = col + j;
       if (r < M && c < N) {
         if constexpr (kVector == 4) {
-          *reinterpret_cast<float4*>(&C[r * N + c]) = make_float4(tile[i][j], tile[i][j + 1], tile[i][j + 2], tile[i][j + 3]);
+          *reinterpret_cast<float4*>(&C[r * N + c]) =
+              make_float4(tile[i][j], tile[i][j + 1], tile[i][j + 2], tile[i][j + 3]);
         } else {
           C[r * N + c] = tile[i][j];
         }

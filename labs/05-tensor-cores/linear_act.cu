@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 17fe96c947fc].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 3388850f295a].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05: out = act(x @ weight^T + bias) on tensor cores, in one kernel.
@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   uint4* const tiles_a = shared_chunks;
   uint4* const tiles_b = shared_chunks + kStages * kTileAChunks;
 
-  const TileIndex tile = grouped_tile(blockIdx.x, course::ceil_div<int64_t>(M, kBlockM),
-                                      course::ceil_div<int64_t>(N, kBlockN), kGroupM);
+  const TileIndex tile =
+      grouped_tile(blockIdx.x, course::ceil_div<int64_t>(M, kBlockM), course::ceil_div<int64_t>(N, kBlockN), kGroupM);
   const int64_t block_row = tile.row * kBlockM, block_col = tile.col * kBlockN;
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -130,7 +130,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     // --8<-- [start:main_loop]
 #pragma unroll
     for (int k_step = 0; k_step < kBlockK / kMmaK; ++k_step) {
-      // TODO(lab05.2): one k-step of 16: ldmatrix.x4 the kTilesM fragments of x (rows warp_row + 16 i) and the kTilesN fragments of weight (two n8 tiles per ldmatrix.x4, rows warp_col + 16 j), addressing each lane's row with ldmatrix_a_source / ldmatrix_b_source and swizzled_chunk; then mma_16816 every (i, j) pair into accumulators[i][j]
+      // TODO(lab05.2): one k-step of 16: ldmatrix.x4 the kTilesM fragments of x (rows warp_row + 16 i) and the
+      //   kTilesN fragments of weight (two n8 tiles per ldmatrix.x4, rows warp_col + 16 j), addressing each lane's row
+      //   with ldmatrix_a_source / ldmatrix_b_source and swizzled_chunk; then mma_16816 every (i, j) pair into
+      //   accumulators[i][j]
     }
     // --8<-- [end:main_loop]
   }
@@ -138,7 +141,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   // --8<-- [start:epilogue]
   // Straight from the accumulator registers: each lane owns pairs of adjacent columns, so a
   // pair is one 4-byte store; bias is read once per column pair, the output written once.
-  // TODO(lab05.3): for every accumulator pair (registers 0,1 and 2,3 of accumulators[i][j]), find its row and column with accumulator_position (offset by block_row + warp_row + 16 i and block_col + warp_col + 8 j), skip it outside [M, N), add bias[column] to each value, apply activate(..., activation) and store_pair it to out[row * N + column]
+  // TODO(lab05.3): for every accumulator pair (registers 0,1 and 2,3 of accumulators[i][j]), find its row and
+  //   column with accumulator_position (offset by block_row + warp_row + 16 i and block_col + warp_col + 8 j), skip it
+  //   outside [M, N), add bias[column] to each value, apply activate(..., activation) and store_pair it to out[row * N
+  //   + column]
   // --8<-- [end:epilogue]
 }
 
@@ -157,8 +163,8 @@ static void launch_typed(const void* x, const void* weight, const void* bias, vo
   const int64_t blocks = course::ceil_div<int64_t>(M, kBlockM) * course::ceil_div<int64_t>(N, kBlockN);
   if (blocks > 0x7fffffff) throw std::runtime_error("linear_act: too many output tiles for one grid");
   kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<T*>(out), M,
-      N, K, activation);
+      static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<T*>(out), M, N,
+      K, activation);
   COURSE_CHECK_LAUNCH();
 }
 

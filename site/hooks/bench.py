@@ -55,7 +55,8 @@ def svg_chart(data: dict) -> str:
         y = 32 + i * (BAR_HEIGHT + GAP)
         w = max(1.0, case["ratio"] * scale)
         kind = "bar" if case["ratio"] >= case["target"] else "miss"
-        parts.append(f'<text class="label" x="{LABEL_WIDTH - 8}" y="{y + 15}" text-anchor="end">{html.escape(case["name"])}</text>')
+        parts.append(f'<text class="label" x="{LABEL_WIDTH - 8}" y="{y + 15}" text-anchor="end">'
+                     f'{html.escape(case["name"])}</text>')
         parts.append(f'<rect class="{kind}" x="{LABEL_WIDTH}" y="{y}" width="{w:.1f}" height="{BAR_HEIGHT}"/>')
         parts.append(f'<text class="label" x="{LABEL_WIDTH + w + 6:.1f}" y="{y + 15}">{case["ratio"]:.2f}x</text>')
         xt = LABEL_WIDTH + case["target"] * scale
@@ -70,7 +71,8 @@ def markdown_table(data: dict) -> str:
         "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for c in data["cases"]:
-        bandwidth = f"{c['ours_gbps']:.0f} GB/s" if c.get("ours_gbps") else (f"{c['ours_tflops']:.1f} TFLOP/s" if c.get("ours_tflops") else "")
+        bandwidth = (f"{c['ours_gbps']:.0f} GB/s" if c.get("ours_gbps")
+                     else f"{c['ours_tflops']:.1f} TFLOP/s" if c.get("ours_tflops") else "")
         pct = f"{c['pct_of_copy']:.0f}%" if c.get("pct_of_copy") else ""
         met = "" if c["ratio"] >= c["target"] else " (below)"
         rows.append(f"| {c['name']} | {c['ours_ms']:.3f} | `{c['baseline_name']}` | {c['baseline_ms']:.3f} | "

@@ -21,5 +21,4 @@ LaunchConfig launch_config(int64_t n, int sm_count, int max_threads_per_sm);
 void launch_scale(const float* x, float* y, float alpha, int64_t n, int blocks, cudaStream_t stream);
 
 // out = alpha * x + y over n floats; blocks as for launch_scale.
-void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks,
-                 cudaStream_t stream);
+void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks, cudaStream_t stream);

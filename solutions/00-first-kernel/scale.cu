@@ -24,7 +24,8 @@ int threads_per_block() { return kThreadsPerBlock; }
 
 // --8<-- [start:scale_kernel]
 __global__ void scale_kernel(const float* __restrict__ x, float* __restrict__ y, float alpha, int64_t n) {
-  // SOLUTION BEGIN lab00.1: grid-stride loop: start at this thread's global index and step by the number of threads in the whole grid, so any grid covers all n elements
+  // SOLUTION BEGIN lab00.1: grid-stride loop: start at this thread's global index and step by the number of threads in
+  //   the whole grid, so any grid covers all n elements
   // 64-bit indices: n can exceed 2^31 elements (8 GiB of floats fits on an H100).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -46,7 +47,8 @@ __global__ void axpy_kernel(float alpha, const float* __restrict__ x, const floa
 
 // --8<-- [start:launch_config]
 LaunchConfig launch_config(int64_t n, int sm_count, int max_threads_per_sm) {
-  // SOLUTION BEGIN lab00.2: derive the launch: kThreadsPerBlock threads; enough blocks to cover n, but no more than fit on the GPU at once (sm_count * max_threads_per_sm threads), since the grid-stride loop covers the rest
+  // SOLUTION BEGIN lab00.2: derive the launch: kThreadsPerBlock threads; enough blocks to cover n, but no more than fit
+  //   on the GPU at once (sm_count * max_threads_per_sm threads), since the grid-stride loop covers the rest
   // One full wave: every SM holds max_threads_per_sm / kThreadsPerBlock blocks at once.
   // More blocks would wait for a free SM and add nothing a grid-stride loop does not
   // already do; fewer would leave SMs idle. This also keeps blocks far below
@@ -78,8 +80,7 @@ void launch_scale(const float* x, float* y, float alpha, int64_t n, int blocks, 
 }
 // --8<-- [end:launch_scale]
 
-void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks,
-                 cudaStream_t stream) {
+void launch_axpy(float alpha, const float* x, const float* y, float* out, int64_t n, int blocks, cudaStream_t stream) {
   if (n == 0) return;
   const LaunchConfig config = config_for(n, blocks);
   axpy_kernel<<<config.blocks, config.threads, 0, stream>>>(alpha, x, y, out, n);

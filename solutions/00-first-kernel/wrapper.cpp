@@ -21,7 +21,8 @@ at::Tensor scale(const at::Tensor& x, double alpha, int64_t blocks) {
 
 // --8<-- [start:axpy]
 at::Tensor axpy(double alpha, const at::Tensor& x, const at::Tensor& y, int64_t blocks) {
-  // SOLUTION BEGIN lab00.4: check both inputs as scale() does (CUDA, float32, contiguous), and that x and y share a device and a shape; then allocate out, guard x's device and launch on the current stream
+  // SOLUTION BEGIN lab00.4: check both inputs as scale() does (CUDA, float32, contiguous), and that x and y share a
+  //   device and a shape; then allocate out, guard x's device and launch on the current stream
   for (const auto& [t, name] : {std::pair{&x, "x"}, std::pair{&y, "y"}}) {
     course::check_cuda_tensor(*t, "axpy", name);
     course::check_dtype(*t, "axpy", name, at::kFloat);

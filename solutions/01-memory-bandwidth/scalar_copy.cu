@@ -19,7 +19,8 @@ LaunchConfig copy_launch(int64_t work_items, int threads, int sm_count, int max_
 // --8<-- [start:coalesced]
 __global__ void __launch_bounds__(kThreadsPerBlock)
     copy_coalesced_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n) {
-  // SOLUTION BEGIN lab01.1: grid-stride copy dst[i] = src[i] where consecutive threads take consecutive elements, so a warp's 32 loads fall into one 128-byte line
+  // SOLUTION BEGIN lab01.1: grid-stride copy dst[i] = src[i] where consecutive threads take consecutive elements, so a
+  //   warp's 32 loads fall into one 128-byte line
   // Thread t of the grid takes t, t + S, t + 2S, ... (S = threads in the grid). On every trip,
   // the 32 threads of a warp read 32 neighbouring floats: 128 contiguous bytes, four 32-byte
   // sectors, the fewest a warp's 4-byte loads can touch.
@@ -34,7 +35,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // --8<-- [start:strided]
 __global__ void __launch_bounds__(kThreadsPerBlock)
     copy_strided_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t stride) {
-  // SOLUTION BEGIN lab01.2: copy every element exactly once, but with neighbouring threads `stride` elements apart: view the n elements as rows of `stride` columns, give thread t row t (grid-stride over rows) and walk the columns one after another; skip positions >= n in the last, short row
+  // SOLUTION BEGIN lab01.2: copy every element exactly once, but with neighbouring threads `stride` elements apart:
+  //   view the n elements as rows of `stride` columns, give thread t row t (grid-stride over rows) and walk the columns
+  //   one after another; skip positions >= n in the last, short row
   // Row-major view: element e sits at row e / stride, column e % stride, and there are
   // ceil(n / stride) rows. A thread owns rows; for each column in turn it copies
   // row * stride + column. Neighbouring threads own neighbouring rows, so a warp's 32 loads
@@ -54,8 +57,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // --8<-- [end:strided]
 
 LaunchConfig copy_launch_on_current_device(int64_t work_items, int blocks) {
-  LaunchConfig launch = copy_launch(work_items, kThreadsPerBlock, course::device_attribute(cudaDevAttrMultiProcessorCount),
-                                  course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
+  LaunchConfig launch =
+      copy_launch(work_items, kThreadsPerBlock, course::device_attribute(cudaDevAttrMultiProcessorCount),
+                  course::device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
   if (blocks > 0) launch.blocks = blocks;
   return launch;
 }
@@ -72,7 +76,8 @@ void launch_copy_strided(const float* src, float* dst, int64_t n, int64_t stride
   // A stride past n changes nothing (every row but the first is empty) but would make the
   // kernel loop over columns that hold no element; n also keeps row * stride from overflowing.
   stride = std::min(stride, n);
-  const LaunchConfig launch = copy_launch_on_current_device(course::ceil_div<int64_t>(n, stride), blocks);  // one thread per row
+  const LaunchConfig launch =
+      copy_launch_on_current_device(course::ceil_div<int64_t>(n, stride), blocks);  // one thread per row
   copy_strided_kernel<<<launch.blocks, launch.threads, 0, stream>>>(src, dst, n, stride);
   COURSE_CHECK_LAUNCH();
 }

@@ -62,7 +62,8 @@ static_assert(column_read_ways(kTile) == kWarpSize, "unpadded 32 x 32 float tile
 // --8<-- [end:banks]
 
 // --8<-- [start:padding]
-// SOLUTION BEGIN lab02.3: choose the padded tile's row stride (floats between rows) so that the 32 floats of a tile column fall in 32 different banks, and state it in a static_assert with column_read_ways
+// SOLUTION BEGIN lab02.3: choose the padded tile's row stride (floats between rows) so that the 32 floats of a tile
+//   column fall in 32 different banks, and state it in a static_assert with column_read_ways
 // One spare float per row: tile[i][c] sits in bank (33 i + c) mod 32 = (i + c) mod 32, so
 // lanes 0..31 reading column c hit 32 different banks. The spare column costs 128 B a block.
 constexpr int kPaddedRowStride = kTile + 1;
@@ -129,7 +130,9 @@ template <int kRowStride>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     tiled_transpose_kernel(const float* __restrict__ in, float* __restrict__ out, TransposeShape shape, TileGrid grid) {
   __shared__ float tile[kTile][kRowStride];
-  // SOLUTION BEGIN lab02.2: load the block's tile row by row (lane threadIdx.x takes a column, so a warp reads one input row), wait for the whole block, then write the tile's columns as output rows (lane threadIdx.x takes an output column); guard both sides against the matrix edges
+  // SOLUTION BEGIN lab02.2: load the block's tile row by row (lane threadIdx.x takes a column, so a warp reads one
+  //   input row), wait for the whole block, then write the tile's columns as output rows (lane threadIdx.x takes an
+  //   output column); guard both sides against the matrix edges
   const TileOrigin origin = tile_origin(grid);
   const int lane = threadIdx.x;
   const float* matrix = in + origin.batch * shape.batch_stride;
@@ -187,7 +190,8 @@ void launch_transpose(TransposeKernel kernel, const float* in, float* out, const
   // One block per tile, in a 1-D grid: gridDim.x reaches 2^31 - 1 (y and z stop at 65535),
   // i.e. 2^41 elements, more than any GPU holds.
   if (grid.blocks > INT_MAX) {
-    throw std::invalid_argument("transpose: " + std::to_string(grid.blocks) + " tiles exceed the grid limit of 2^31 - 1");
+    throw std::invalid_argument("transpose: " + std::to_string(grid.blocks) +
+                                " tiles exceed the grid limit of 2^31 - 1");
   }
   const dim3 threads(kTile, kBlockRows);
   const int blocks = static_cast<int>(grid.blocks);

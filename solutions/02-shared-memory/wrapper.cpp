@@ -15,13 +15,14 @@ static at::Tensor transpose_with(TransposeKernel kernel, const at::Tensor& x, co
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, op, ": x must be a matrix (M, N) or a batch of matrices (B, M, N), got ",
               course::describe(x), "; reshape it to 3 dimensions first, e.g. x.flatten(0, -3)");
   const c10::cuda::CUDAGuard device_guard(x.device());
-  // SOLUTION BEGIN lab02.1: allocate the output with the last two sizes of x swapped, and describe x to the kernel: a 2-D x is a batch of one; the sizes and the strides (in elements) come from x itself, so views need no copy
+  // SOLUTION BEGIN lab02.1: allocate the output with the last two sizes of x swapped, and describe x to the kernel: a
+  //   2-D x is a batch of one; the sizes and the strides (in elements) come from x itself, so views need no copy
   std::vector<int64_t> out_sizes = x.sizes().vec();
   std::swap(out_sizes[x.dim() - 2], out_sizes[x.dim() - 1]);
   at::Tensor out = at::empty(out_sizes, x.options());
   const bool batched = x.dim() == 3;
   // A batch of one never steps to a second matrix, so its batch stride is never used.
-  const TransposeShape shape{batched ? x.size(0) : 1, x.size(-2),   x.size(-1),
+  const TransposeShape shape{batched ? x.size(0) : 1,   x.size(-2),   x.size(-1),
                              batched ? x.stride(0) : 0, x.stride(-2), x.stride(-1)};
   // SOLUTION STUB
   // at::Tensor out = at::empty_like(x);
@@ -34,10 +35,12 @@ static at::Tensor transpose_with(TransposeKernel kernel, const at::Tensor& x, co
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
-      "naive_transpose", [](const at::Tensor& x) { return transpose_with(TransposeKernel::kNaive, x, "naive_transpose"); },
+      "naive_transpose",
+      [](const at::Tensor& x) { return transpose_with(TransposeKernel::kNaive, x, "naive_transpose"); },
       "transpose the last two dims, global memory to global memory (writes uncoalesced)", pybind11::arg("x"));
   m.def(
-      "tiled_transpose", [](const at::Tensor& x) { return transpose_with(TransposeKernel::kTiled, x, "tiled_transpose"); },
+      "tiled_transpose",
+      [](const at::Tensor& x) { return transpose_with(TransposeKernel::kTiled, x, "tiled_transpose"); },
       "transpose the last two dims through a 32 x 32 shared-memory tile", pybind11::arg("x"));
   m.def(
       "padded_transpose",

@@ -81,7 +81,9 @@ __host__ __device__ inline int64_t elements_before_alignment(const T* p, int64_t
 // reads a register of another lane, and with the full mask the hardware waits for all 32.
 template <typename Op>
 __device__ __forceinline__ float warp_all_reduce(float value, Op op) {
-  // SOLUTION BEGIN lab03.1: butterfly all-reduce: for offset = 16, 8, 4, 2, 1 combine value with the value of lane (lane XOR offset), read with __shfl_xor_sync(kFullWarpMask, value, offset); after 5 steps every lane holds the result
+  // SOLUTION BEGIN lab03.1: butterfly all-reduce: for offset = 16, 8, 4, 2, 1 combine value with the value of lane
+  //   (lane XOR offset), read with __shfl_xor_sync(kFullWarpMask, value, offset); after 5 steps every lane holds the
+  //   result
   // After the step with offset o, each lane holds the reduction of its aligned group of
   // 2o lanes: log2(32) = 5 steps cover the warp, and since lane ^ o is a permutation,
   // every lane receives a value and ends with the total (a __shfl_down_sync tree would
@@ -105,7 +107,10 @@ __device__ __forceinline__ float block_all_reduce(float value, Op op) {
   __shared__ float warp_results[kWarps];  // one value per warp: 8 floats for 256 threads
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  // SOLUTION BEGIN lab03.2: reduce within each warp; lane 0 of each warp stores the warp's result in warp_results[warp]; __syncthreads(); then every warp reads warp_results[lane] (lanes >= kWarps take Op::identity()) and reduces those with warp_all_reduce; __syncthreads() again before returning, so the next call cannot overwrite warp_results while a slow warp still reads them
+  // SOLUTION BEGIN lab03.2: reduce within each warp; lane 0 of each warp stores the warp's result in
+  //   warp_results[warp]; __syncthreads(); then every warp reads warp_results[lane] (lanes >= kWarps take
+  //   Op::identity()) and reduces those with warp_all_reduce; __syncthreads() again before returning, so the next call
+  //   cannot overwrite warp_results while a slow warp still reads them
   value = warp_all_reduce(value, op);
   if (lane == 0) warp_results[warp] = value;
   __syncthreads();  // every warp's result is in shared memory before any warp reads them

@@ -50,8 +50,7 @@ void launch_warp_reduce(const T* x, int64_t n, ReduceOp op, float* out, cudaStre
 // The statistics softmax needs, per row of a rows x cols row-major matrix:
 // row_max[r] = max_j x[r, j] and row_sumexp[r] = sum_j exp(x[r, j] - row_max[r]).
 template <typename T>
-void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp,
-                      cudaStream_t stream);
+void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp, cudaStream_t stream);
 
 // Threads that share one row: a warp for short rows, a block for long ones.
 int row_stats_threads_per_row(int64_t cols);

@@ -54,7 +54,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const T* row_x = x + row * cols;
     float m = reduce::Max::identity();
     float s = reduce::Sum::identity();
-    // SOLUTION BEGIN lab03.4: two sweeps over the row, each with load_elems(row_x + i * kElems, v) at load indices thread_in_row, thread_in_row + kThreadsPerRow, ... < loads_per_row: first the thread's max, made the row's max with reduce::group_all_reduce<kThreadsPerRow>(m, reduce::Max{}) so that every thread knows it; then the thread's sum of expf(v - m), all-reduced with reduce::Sum{}
+    // SOLUTION BEGIN lab03.4: two sweeps over the row, each with load_elems(row_x + i * kElems, v) at load indices
+    //   thread_in_row, thread_in_row + kThreadsPerRow, ... < loads_per_row: first the thread's max, made the row's max
+    //   with reduce::group_all_reduce<kThreadsPerRow>(m, reduce::Max{}) so that every thread knows it; then the
+    //   thread's sum of expf(v - m), all-reduced with reduce::Sum{}
     // Sweep 1: the row's max. Neighbouring threads load neighbouring vectors: coalesced.
 #pragma unroll 4
     for (int64_t i = thread_in_row; i < loads_per_row; i += kThreadsPerRow) {
@@ -89,8 +92,8 @@ static void launch_row_stats_with(const T* x, int64_t rows, int64_t cols, float*
   constexpr int kRowsPerBlock = kThreadsPerBlock / kThreadsPerRow;
   constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // gridDim.x's limit; the row loop covers the rest
   const int blocks = static_cast<int>(std::min(course::ceil_div<int64_t>(rows, kRowsPerBlock), kMaxBlocks));
-  row_stats_kernel<T, kThreadsPerRow, kElems><<<blocks, kThreadsPerBlock, 0, stream>>>(x, rows, cols, row_max,
-                                                                                       row_sumexp);
+  row_stats_kernel<T, kThreadsPerRow, kElems>
+      <<<blocks, kThreadsPerBlock, 0, stream>>>(x, rows, cols, row_max, row_sumexp);
   COURSE_CHECK_LAUNCH();
 }
 
@@ -108,8 +111,7 @@ static void launch_row_stats_per_row(const T* x, int64_t rows, int64_t cols, flo
 }
 
 template <typename T>
-void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp,
-                      cudaStream_t stream) {
+void launch_row_stats(const T* x, int64_t rows, int64_t cols, float* row_max, float* row_sumexp, cudaStream_t stream) {
   if (rows == 0) return;
   if (row_stats_threads_per_row(cols) == kWarpSize) {
     launch_row_stats_per_row<T, kWarpSize>(x, rows, cols, row_max, row_sumexp, stream);

@@ -35,7 +35,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
   float thread_sum = 0.0f;
-  // SOLUTION BEGIN lab03.3: grid-stride over the whole vectors: per trip load kVectorsInFlight vectors (vectors + (i + k * threads) * kElems, k = 0..kVectorsInFlight-1) with reduce::load_vector BEFORE adding any, into kElems independent float accumulators; then the vectors left over, one per trip; then the scalar elements: the head x[thread] for thread < head and the tail x[tail_start + thread] for thread < n - tail_start. Sum the accumulators into thread_sum
+  // SOLUTION BEGIN lab03.3: grid-stride over the whole vectors: per trip load kVectorsInFlight vectors (vectors + (i +
+  //   k * threads) * kElems, k = 0..kVectorsInFlight-1) with reduce::load_vector BEFORE adding any, into kElems
+  //   independent float accumulators; then the vectors left over, one per trip; then the scalar elements: the head
+  //   x[thread] for thread < head and the tail x[tail_start + thread] for thread < n - tail_start. Sum the accumulators
+  //   into thread_sum
   float acc[kElems] = {};  // kElems independent add chains, not one long dependent one
   int64_t i = thread;
   for (; i + (kVectorsInFlight - 1) * threads < n_vectors; i += kVectorsInFlight * threads) {
@@ -86,7 +90,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // --8<-- [start:sum_grid]
 LaunchConfig sum_grid(int64_t n, int sm_count, int resident_blocks_per_sm) {
-  // SOLUTION BEGIN lab03.3: kThreadsPerBlock threads; as many blocks as are resident at once (one wave: sm_count * resident_blocks_per_sm), but no more than ceil(n / kThreadsPerBlock) so that every block has work, and at least 1
+  // SOLUTION BEGIN lab03.3: kThreadsPerBlock threads; as many blocks as are resident at once (one wave: sm_count *
+  //   resident_blocks_per_sm), but no more than ceil(n / kThreadsPerBlock) so that every block has work, and at least 1
   // One wave: every block starts at once and, the grid-stride loop giving each the same
   // share, all finish together. A second wave would start late and leave SMs idle at the
   // end, and every extra block adds a partial for the second pass to read.
@@ -172,9 +177,9 @@ void launch_warp_reduce(const T* x, int64_t n, ReduceOp op, float* out, cudaStre
 }
 
 // The two element types the wrapper dispatches to.
-#define INSTANTIATE(T)                                                                                  \
-  template LaunchConfig sum_launch_config<T>(int64_t, int);                                             \
-  template void launch_sum<T>(const T*, int64_t, LaunchConfig, float*, float*, bool, cudaStream_t);     \
+#define INSTANTIATE(T)                                                                              \
+  template LaunchConfig sum_launch_config<T>(int64_t, int);                                         \
+  template void launch_sum<T>(const T*, int64_t, LaunchConfig, float*, float*, bool, cudaStream_t); \
   template void launch_warp_reduce<T>(const T*, int64_t, ReduceOp, float*, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__nv_bfloat16)

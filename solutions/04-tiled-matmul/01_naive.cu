@@ -10,8 +10,8 @@ constexpr int kNaiveTile = 32;
 static_assert(kNaiveTile * kNaiveTile <= 1024, "the hardware limit of threads per block");
 
 // --8<-- [start:naive]
-__global__ void __launch_bounds__(kNaiveTile * kNaiveTile) sgemm_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M,
-                            int N, int K) {
+__global__ void __launch_bounds__(kNaiveTile* kNaiveTile)
+    sgemm_naive(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
   // threadIdx.x walks down a column of C: the 32 threads of a warp have 32 different rows,
   // so each load of A[row, k] touches 32 different 128-byte lines (K floats apart), and
   // the stores to C are 32 lines too. Kernel 2 swaps the two indices and nothing else.

@@ -8,8 +8,9 @@ constexpr int kCoalescedTile = 32;
 static_assert(kCoalescedTile == course::kWarpSize, "one warp per row of the block: threadIdx.x spans exactly a warp");
 
 // --8<-- [start:coalesced]
-__global__ void __launch_bounds__(kCoalescedTile * kCoalescedTile) sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                                int M, int N, int K) {
+__global__ void __launch_bounds__(kCoalescedTile* kCoalescedTile)
+    sgemm_coalesced(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                    int K) {
   // threadIdx.x now walks along a row of C. In one step k, the warp's 32 threads read
   // A[row, k] (one address: a broadcast), B[k, col..col+31] (one 128-byte line) and at the
   // end store C[row, col..col+31] (one line): 2 lines per step instead of 33.

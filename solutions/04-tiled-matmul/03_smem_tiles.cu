@@ -11,7 +11,8 @@
 // threads, and each thread loads one float of the A tile and one of the B tile per step.
 constexpr int kTile = 32;
 static_assert(kTile * kTile <= 1024, "one thread per output: a block holds at most 1024 threads");
-static_assert(kTile % course::kWarpSize == 0, "threadIdx.x spans whole warps, so each row of a tile is a coalesced load");
+static_assert(kTile % course::kWarpSize == 0,
+              "threadIdx.x spans whole warps, so each row of a tile is a coalesced load");
 // Two tiles of kTile^2 floats: 2 * 32 * 32 * 4 = 8 KiB, within the 48 KiB a block may use
 // without opting in, on every GPU from sm_75 up.
 constexpr int kSmemTilesBytes = 2 * kTile * kTile * static_cast<int>(sizeof(float));
@@ -19,15 +20,19 @@ static_assert(kSmemTilesBytes <= 48 * 1024, "static shared memory is limited to 
 // --8<-- [end:tile]
 
 // --8<-- [start:smem_tiles]
-__global__ void __launch_bounds__(kTile * kTile) sgemm_smem_tiles(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                                 int M, int N, int K) {
+__global__ void __launch_bounds__(kTile* kTile)
+    sgemm_smem_tiles(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                     int K) {
   __shared__ float a_tile[kTile][kTile];  // a_tile[r][k] = A[row0 + r, k0 + k]
   __shared__ float b_tile[kTile][kTile];  // b_tile[k][c] = B[k0 + k, col0 + c]
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int row = blockIdx.y * kTile + ty;  // this thread's output C[row, col]
   const int col = blockIdx.x * kTile + tx;
   float acc = 0.0f;
-  // SOLUTION BEGIN lab04.1: for each k0 = 0, kTile, 2 * kTile, ... below K: load a_tile[ty][tx] = A[row, k0 + tx] and b_tile[ty][tx] = B[k0 + ty, col] (0 outside the matrices), __syncthreads(), add the kTile products of a_tile's row ty and b_tile's column tx to acc, __syncthreads() again before the next load; then store acc to C[row, col] if it lies inside C
+  // SOLUTION BEGIN lab04.1: for each k0 = 0, kTile, 2 * kTile, ... below K: load a_tile[ty][tx] = A[row, k0 + tx] and
+  //   b_tile[ty][tx] = B[k0 + ty, col] (0 outside the matrices), __syncthreads(), add the kTile products of a_tile's
+  //   row ty and b_tile's column tx to acc, __syncthreads() again before the next load; then store acc to C[row, col]
+  //   if it lies inside C
   for (int k0 = 0; k0 < K; k0 += kTile) {
     // Zero-fill outside A and B: a zero contributes nothing to the dot product, so the
     // loop below needs no bounds check, and the partial last tile of K costs nothing extra.

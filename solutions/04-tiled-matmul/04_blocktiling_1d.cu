@@ -25,15 +25,15 @@ static_assert((kBlockM + kBlockN) * kBlockK * sizeof(float) <= 48 * 1024, "stati
 }  // namespace
 
 // --8<-- [start:blocktiling_1d]
-__global__ void __launch_bounds__(kThreads) sgemm_blocktiling_1d(const float* __restrict__ A,
-                                                                 const float* __restrict__ B,
-                                                                 float* __restrict__ C, int M, int N, int K) {
+__global__ void __launch_bounds__(kThreads)
+    sgemm_blocktiling_1d(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                         int K) {
   __shared__ float a_tile[kBlockM][kBlockK];
   __shared__ float b_tile[kBlockK][kBlockN];
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;
   const int t = threadIdx.x;
-  const int thread_col = t % kBlockN;              // this thread's column of C in the tile
-  const int thread_row = (t / kBlockN) * kThreadM;  // and the first of its kThreadM rows
+  const int thread_col = t % kBlockN;                  // this thread's column of C in the tile
+  const int thread_row = (t / kBlockN) * kThreadM;     // and the first of its kThreadM rows
   const int a_row = t / kBlockK, a_col = t % kBlockK;  // the A element this thread loads
   const int b_row = t / kBlockN, b_col = t % kBlockN;  // the B element this thread loads
 
@@ -61,8 +61,7 @@ __global__ void __launch_bounds__(kThreads) sgemm_blocktiling_1d(const float* __
 
 BlockTile sgemm_blocktiling_1d_tile() { return {kBlockM, kBlockN}; }
 
-void launch_sgemm_blocktiling_1d(const float* A, const float* B, float* C, int M, int N, int K,
-                                 cudaStream_t stream) {
+void launch_sgemm_blocktiling_1d(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   const dim3 grid(course::ceil_div(N, kBlockN), course::ceil_div(M, kBlockM));
   sgemm_blocktiling_1d<<<grid, kThreads, 0, stream>>>(A, B, C, M, N, K);
   COURSE_CHECK_LAUNCH();

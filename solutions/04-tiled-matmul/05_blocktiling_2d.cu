@@ -16,7 +16,8 @@ constexpr int kThreadM = 8, kThreadN = 8;    // each thread's square of C
 // registers: exactly one SM's register file on sm_75 ... sm_90.
 constexpr int kThreads = (kBlockM / kThreadM) * (kBlockN / kThreadN);  // 16 x 16 = 256
 static_assert(kThreadM * kThreadN == 64, "64 accumulators: more would spill past 255 registers per thread");
-static_assert(kThreads == 256 && kThreads % course::kWarpSize == 0, "8 whole warps; 2 blocks fit an SM's 64K registers");
+static_assert(kThreads == 256 && kThreads % course::kWarpSize == 0,
+              "8 whole warps; 2 blocks fit an SM's 64K registers");
 // __launch_bounds__(kThreads, kMinBlocksPerSm) makes ptxas hold each thread to
 // 65536 / (2 * 256) = 128 registers, so that two blocks (16 warps) are resident per SM:
 // while one block waits at __syncthreads, the other computes.
@@ -35,9 +36,9 @@ static_assert(kSmemBytes <= 48 * 1024, "static shared memory is limited to 48 Ki
 }  // namespace
 
 // --8<-- [start:blocktiling_2d]
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2d(const float* __restrict__ A,
-                                                                 const float* __restrict__ B,
-                                                                 float* __restrict__ C, int M, int N, int K) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    sgemm_blocktiling_2d(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                         int K) {
   __shared__ float a_tile[kBlockM][kBlockK];  // a_tile[r][k] = A[row0 + r, k0 + k]
   __shared__ float b_tile[kBlockK][kBlockN];  // b_tile[k][c] = B[k0 + k, col0 + c]
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;
@@ -52,7 +53,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
   constexpr int kRowsPerPassA = kThreads / kBlockK, kRowsPerPassB = kThreads / kBlockN;
 
   float acc[kThreadM][kThreadN] = {};
-  // SOLUTION BEGIN lab04.2: for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0 outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j] = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to C where row < M and col < N (store_tile<1> in tiled_matmul.h does that)
+  // SOLUTION BEGIN lab04.2: for each k0 below K step kBlockK: load the A and B tiles in kLoadsPerThread passes (0
+  //   outside the matrices), __syncthreads(), then for each k load a_frag[i] = a_tile[thread_row + i][k] and b_frag[j]
+  //   = b_tile[k][thread_col + j] into registers and add all 64 products to acc, __syncthreads(); finally store acc to
+  //   C where row < M and col < N (store_tile<1> in tiled_matmul.h does that)
   float a_frag[kThreadM], b_frag[kThreadN];
   for (int k0 = 0; k0 < K; k0 += kBlockK) {
 #pragma unroll
@@ -83,8 +87,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_blocktiling_2
 
 BlockTile sgemm_blocktiling_2d_tile() { return {kBlockM, kBlockN}; }
 
-void launch_sgemm_blocktiling_2d(const float* A, const float* B, float* C, int M, int N, int K,
-                                 cudaStream_t stream) {
+void launch_sgemm_blocktiling_2d(const float* A, const float* B, float* C, int M, int N, int K, cudaStream_t stream) {
   const dim3 grid(course::ceil_div(N, kBlockN), course::ceil_div(M, kBlockM));
   sgemm_blocktiling_2d<<<grid, kThreads, 0, stream>>>(A, B, C, M, N, K);
   COURSE_CHECK_LAUNCH();

@@ -25,10 +25,11 @@ static_assert(kBlockK % kVector == 0 && kBlockN % kVector == 0, "tile edges fall
 }  // namespace
 
 // --8<-- [start:can_vectorize]
-bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr_t b_address,
-                   uintptr_t c_address) {
+bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr_t b_address, uintptr_t c_address) {
   (void)M;  // rows are guarded one by one: any M works
-  // SOLUTION BEGIN lab04.3: return true only if every float4 access is whole and 16-byte aligned: each row of A starts K floats after the previous one, each row of B and C N floats after (so K and N must be multiples of 4), and the first rows start at a_address, b_address, c_address
+  // SOLUTION BEGIN lab04.3: return true only if every float4 access is whole and 16-byte aligned: each row of A starts
+  //   K floats after the previous one, each row of B and C N floats after (so K and N must be multiples of 4), and the
+  //   first rows start at a_address, b_address, c_address
   constexpr uintptr_t kAlign = sizeof(float4);
   // Row r of A starts at a_address + 4 * r * K bytes: 16-byte aligned for every r exactly
   // when a_address is and K is a multiple of 4. The same holds for B and C with N.
@@ -42,10 +43,9 @@ bool can_vectorize(int64_t M, int64_t N, int64_t K, uintptr_t a_address, uintptr
 // --8<-- [end:can_vectorize]
 
 // --8<-- [start:vectorized]
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_vectorized(const float* __restrict__ A,
-                                                                            const float* __restrict__ B,
-                                                                            float* __restrict__ C, int M, int N,
-                                                                            int K) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    sgemm_vectorized(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                     int K) {
   __shared__ __align__(16) float a_tile[kBlockK][kBlockM];  // transposed: a_tile[k][r] = A[row0 + r, k0 + k]
   __shared__ __align__(16) float b_tile[kBlockK][kBlockN];  // b_tile[k][c] = B[k0 + k, col0 + c]
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;

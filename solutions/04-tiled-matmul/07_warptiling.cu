@@ -48,10 +48,9 @@ static_assert(kSmemBytes <= 48 * 1024, "static shared memory is limited to 48 Ki
 }  // namespace
 
 // --8<-- [start:warptiling]
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(const float* __restrict__ A,
-                                                                            const float* __restrict__ B,
-                                                                            float* __restrict__ C, int M, int N,
-                                                                            int K) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    sgemm_warptiling(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N,
+                     int K) {
   __shared__ __align__(16) float a_tile[kStages][kBlockK][kBlockM + kPadA];  // transposed, as in kernel 6
   __shared__ __align__(16) float b_tile[kStages][kBlockK][kBlockN];
   const int row0 = blockIdx.y * kBlockM, col0 = blockIdx.x * kBlockN;
@@ -70,9 +69,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(co
                                             : zero;
   };
   auto load_b = [&](int k0) {
-    return k0 + b_row < K && col0 + b_col < N
-               ? *reinterpret_cast<const float4*>(&B[(k0 + b_row) * N + col0 + b_col])
-               : zero;
+    return k0 + b_row < K && col0 + b_col < N ? *reinterpret_cast<const float4*>(&B[(k0 + b_row) * N + col0 + b_col])
+                                              : zero;
   };
   auto store = [&](int stage, float4 a, float4 b) {
     a_tile[stage][a_k + 0][a_row] = a.x;
@@ -121,7 +119,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) sgemm_warptiling(co
     for (int s = 0; s < kSquaresN; ++s) {
       const int col = col0 + warp_col + s * (kWarpN / 2) + lane_col;
       const float* out = &acc[i][s * kSquare];
-      if (row < M && col < N) *reinterpret_cast<float4*>(&C[row * N + col]) = make_float4(out[0], out[1], out[2], out[3]);
+      if (row < M && col < N)
+        *reinterpret_cast<float4*>(&C[row * N + col]) = make_float4(out[0], out[1], out[2], out[3]);
     }
   }
 }

@@ -36,7 +36,8 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, int64_t kernel) {
   // Messages are built as one std::string: numbers streamed into TORCH_CHECK's c10::str
   // crashed (SIGSEGV) on the GPU box's g++ 13 build (see course::format_dims).
   const std::string ladder = "1 ... " + std::to_string(kKernels) + " (1 naive ... 7 warp tiling)";
-  TORCH_CHECK(1 <= kernel && kernel <= kKernels, "matmul: kernel must be " + ladder + ", got " + std::to_string(kernel));
+  TORCH_CHECK(1 <= kernel && kernel <= kKernels,
+              "matmul: kernel must be " + ladder + ", got " + std::to_string(kernel));
   course::check_cuda_tensor(a, "matmul", "a");
   course::check_cuda_tensor(b, "matmul", "b");
   course::check_dtype(a, "matmul", "a", at::kFloat);

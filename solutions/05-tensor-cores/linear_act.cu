@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   uint4* const tiles_a = shared_chunks;
   uint4* const tiles_b = shared_chunks + kStages * kTileAChunks;
 
-  const TileIndex tile = grouped_tile(blockIdx.x, course::ceil_div<int64_t>(M, kBlockM),
-                                      course::ceil_div<int64_t>(N, kBlockN), kGroupM);
+  const TileIndex tile =
+      grouped_tile(blockIdx.x, course::ceil_div<int64_t>(M, kBlockM), course::ceil_div<int64_t>(N, kBlockN), kGroupM);
   const int64_t block_row = tile.row * kBlockM, block_col = tile.col * kBlockN;
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -127,7 +127,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     // --8<-- [start:main_loop]
 #pragma unroll
     for (int k_step = 0; k_step < kBlockK / kMmaK; ++k_step) {
-      // SOLUTION BEGIN lab05.2: one k-step of 16: ldmatrix.x4 the kTilesM fragments of x (rows warp_row + 16 i) and the kTilesN fragments of weight (two n8 tiles per ldmatrix.x4, rows warp_col + 16 j), addressing each lane's row with ldmatrix_a_source / ldmatrix_b_source and swizzled_chunk; then mma_16816 every (i, j) pair into accumulators[i][j]
+      // SOLUTION BEGIN lab05.2: one k-step of 16: ldmatrix.x4 the kTilesM fragments of x (rows warp_row + 16 i) and the
+      //   kTilesN fragments of weight (two n8 tiles per ldmatrix.x4, rows warp_col + 16 j), addressing each lane's row
+      //   with ldmatrix_a_source / ldmatrix_b_source and swizzled_chunk; then mma_16816 every (i, j) pair into
+      //   accumulators[i][j]
       const int chunk_of_step = k_step * (kMmaK / kElementsPerChunk);
       const Position a_source = ldmatrix_a_source(lane), b_source = ldmatrix_b_source(lane);
       uint32_t a_fragments[kTilesM][4];
@@ -135,13 +138,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < kTilesM; ++i) {
         const int row = warp_row + i * kMmaM + a_source.row;
-        ldmatrix_x4(a_fragments[i], tile_a + swizzled_chunk<kChunksPerRow>(row, chunk_of_step + a_source.col / kElementsPerChunk));
+        ldmatrix_x4(a_fragments[i],
+                    tile_a + swizzled_chunk<kChunksPerRow>(row, chunk_of_step + a_source.col / kElementsPerChunk));
       }
 #pragma unroll
       for (int j = 0; j < kTilesN; j += 2) {
         const int row = warp_col + j * kMmaN + b_source.row;
         uint32_t pair[4];
-        ldmatrix_x4(pair, tile_b + swizzled_chunk<kChunksPerRow>(row, chunk_of_step + b_source.col / kElementsPerChunk));
+        ldmatrix_x4(pair,
+                    tile_b + swizzled_chunk<kChunksPerRow>(row, chunk_of_step + b_source.col / kElementsPerChunk));
         b_fragments[j][0] = pair[0], b_fragments[j][1] = pair[1];
         b_fragments[j + 1][0] = pair[2], b_fragments[j + 1][1] = pair[3];
       }
@@ -158,7 +163,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   // --8<-- [start:epilogue]
   // Straight from the accumulator registers: each lane owns pairs of adjacent columns, so a
   // pair is one 4-byte store; bias is read once per column pair, the output written once.
-  // SOLUTION BEGIN lab05.3: for every accumulator pair (registers 0,1 and 2,3 of accumulators[i][j]), find its row and column with accumulator_position (offset by block_row + warp_row + 16 i and block_col + warp_col + 8 j), skip it outside [M, N), add bias[column] to each value, apply activate(..., activation) and store_pair it to out[row * N + column]
+  // SOLUTION BEGIN lab05.3: for every accumulator pair (registers 0,1 and 2,3 of accumulators[i][j]), find its row and
+  //   column with accumulator_position (offset by block_row + warp_row + 16 i and block_col + warp_col + 8 j), skip it
+  //   outside [M, N), add bias[column] to each value, apply activate(..., activation) and store_pair it to out[row * N
+  //   + column]
 #pragma unroll
   for (int j = 0; j < kTilesN; ++j) {
     const int64_t col = block_col + warp_col + j * kMmaN + accumulator_position(lane, 0).col;
@@ -194,8 +202,8 @@ static void launch_typed(const void* x, const void* weight, const void* bias, vo
   const int64_t blocks = course::ceil_div<int64_t>(M, kBlockM) * course::ceil_div<int64_t>(N, kBlockN);
   if (blocks > 0x7fffffff) throw std::runtime_error("linear_act: too many output tiles for one grid");
   kernel<<<static_cast<unsigned>(blocks), kThreads, shared_bytes, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<T*>(out), M,
-      N, K, activation);
+      static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<T*>(out), M, N,
+      K, activation);
   COURSE_CHECK_LAUNCH();
 }
 

@@ -88,11 +88,11 @@ __global__ void __launch_bounds__(kThreadsHopper, 1)
   extern __shared__ uint8_t shared_raw[];
   const uintptr_t base = (reinterpret_cast<uintptr_t>(shared_raw) + kSwizzleAtomBytes - 1) &
                          ~static_cast<uintptr_t>(kSwizzleAtomBytes - 1);
-  uint8_t* const tiles_a = reinterpret_cast<uint8_t*>(base);          // [stage][128 rows][64 k]
-  uint8_t* const tiles_b = tiles_a + kStagesHopper * kTileABytes;    // [stage][256 rows][64 k]
-  uint8_t* const staging = tiles_b + kStagesHopper * kTileBBytes;      // [consumer][2 boxes][64 rows][64 cols]
+  uint8_t* const tiles_a = reinterpret_cast<uint8_t*>(base);       // [stage][128 rows][64 k]
+  uint8_t* const tiles_b = tiles_a + kStagesHopper * kTileABytes;  // [stage][256 rows][64 k]
+  uint8_t* const staging = tiles_b + kStagesHopper * kTileBBytes;  // [consumer][2 boxes][64 rows][64 cols]
   uint64_t* const full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStagingBytes);  // copies landed
-  uint64_t* const empty = full + kStagesHopper;                                                // reads done
+  uint64_t* const empty = full + kStagesHopper;                                              // reads done
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads, thread = threadIdx.x % kWarpgroupThreads;
   if (threadIdx.x == 0) {
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreadsHopper, 1)
         for (int kt = 0; kt < k_tiles; ++kt, ++step) {
           const int stage = step % kStagesHopper;
           const uint32_t lap = step / kStagesHopper;
-          hopper::barrier_wait(&empty[stage], (lap & 1) ^ 1);  // lap 0 passes: the stage was never used
+          hopper::barrier_wait(&empty[stage], (lap & 1) ^ 1);              // lap 0 passes: the stage was never used
           hopper::barrier_arrive_expect_bytes(&full[stage], kStageBytes);  // zero-filled edges count too
           hopper::tma_load_2d(tiles_a + stage * kTileABytes, &x_map, &full[stage], kt * kBlockKHopper,
                               static_cast<int>(tile.row * kBlockMHopper));
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kThreadsHopper, 1)
         hopper::warpgroup_barrier(1 + consumer, kWarpgroupThreads);
         if (thread == 0) {  // rows past M and columns past N are clipped by TMA
           for (int box = 0; box < kStoreBoxesPerPass; ++box) {
-            const int col = static_cast<int>(tile.col * kBlockNHopper) + (pass * kStoreBoxesPerPass + box) * kStoreBoxCols;
+            const int col =
+                static_cast<int>(tile.col * kBlockNHopper) + (pass * kStoreBoxesPerPass + box) * kStoreBoxCols;
             hopper::tma_store_2d(&out_map, my_staging + box * kStoreBoxBytes, col,
                                  static_cast<int>(tile.row * kBlockMHopper) + consumer * kWgmmaM);
           }
@@ -265,19 +266,24 @@ void launch_typed(const void* x, const void* weight, const void* bias, void* out
 }  // namespace
 
 TileConfig wgmma_tile_config() {
-  return {kBlockMHopper, kBlockNHopper, kBlockKHopper, kStagesHopper, kThreadsHopper, kSharedBytesHopper,
+  return {kBlockMHopper,
+          kBlockNHopper,
+          kBlockKHopper,
+          kStagesHopper,
+          kThreadsHopper,
+          kSharedBytesHopper,
           kBlockKHopper / kElementsPerChunk};
 }
 
 bool wgmma_available() {
   static course::PerDeviceCache built;  // per GPU: a process may hold a Hopper GPU and an older one
   return built.get([] {
-           int image_has_wgmma = 0;  // the driver loads the sm_90a image only on a 9.0 GPU
-           if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9) {
-             COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, built_with_wgmma, sizeof(image_has_wgmma)));
-           }
-           return image_has_wgmma;
-         }) == 1;
+    int image_has_wgmma = 0;  // the driver loads the sm_90a image only on a 9.0 GPU
+    if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9) {
+      COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, built_with_wgmma, sizeof(image_has_wgmma)));
+    }
+    return image_has_wgmma;
+  }) == 1;
 }
 
 void launch_linear_act_wgmma(ElementType type, const void* x, const void* weight, const void* bias, void* out,

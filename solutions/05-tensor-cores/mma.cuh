@@ -29,7 +29,8 @@ static_assert(kElementsPerChunk == kShapeMultiple, "the shape contract is one 16
 // A (16x16) uses the same pattern twice along k (a0,a1: k 0-7; a2,a3: k 8-15), and B (16x8,
 // k by n) the transposed one: b0 holds (k 2t, 2t+1; n g), b1 the same 8 rows of k further on.
 __host__ __device__ inline Position accumulator_position(int lane, int register_index) {
-  // SOLUTION BEGIN lab05.1: the row and column, within the 16x8 accumulator tile, of accumulator register register_index (0..3) of lane (0..31)
+  // SOLUTION BEGIN lab05.1: the row and column, within the 16x8 accumulator tile, of accumulator register
+  //   register_index (0..3) of lane (0..31)
   const int group = lane / 4, lane_in_group = lane % 4;
   return {group + 8 * (register_index / 2), 2 * lane_in_group + register_index % 2};
   // SOLUTION STUB
@@ -55,7 +56,8 @@ __host__ __device__ inline Position ldmatrix_a_source(int lane) {
 // n8 tiles: registers (b0, b1) of n-tile 0 = (n 0-7, k 0-7), (n 0-7, k 8-15), then (b0, b1) of
 // n-tile 1 = (n 8-15, k 0-7), (n 8-15, k 8-15). Returns (n, first k) of lane's 8 elements.
 __host__ __device__ inline Position ldmatrix_b_source(int lane) {
-  // SOLUTION BEGIN lab05.1: the n row (0..15) and first k (0 or 8) of the 16x16 weight tile that lane supplies to ldmatrix.x4
+  // SOLUTION BEGIN lab05.1: the n row (0..15) and first k (0 or 8) of the 16x16 weight tile that lane supplies to
+  //   ldmatrix.x4
   return {lane % 8 + 8 * (lane / 16), ((lane / 8) % 2) * kElementsPerChunk};
   // SOLUTION STUB
   // return {0, 0};
@@ -120,10 +122,11 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const ui
 template <>
 __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -137,10 +140,11 @@ __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], 
 template <>
 __device__ inline void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
   __trap();  // no bf16 tensor cores before sm_80: the launcher refuses bf16 there
 #endif

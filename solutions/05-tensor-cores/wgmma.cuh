@@ -60,11 +60,10 @@ __device__ inline void barrier_wait(uint64_t* barrier, uint32_t parity) {
 // Copy the box of `map` whose first element is (inner, outer) (inner = the contiguous
 // dimension) into shared memory; the bytes count towards `barrier`'s phase. Out-of-bounds
 // elements arrive as zeros, so edge tiles need no guards in the main loop.
-__device__ inline void tma_load_2d(void* destination, const CUtensorMap* map, uint64_t* barrier, int inner,
-                                   int outer) {
+__device__ inline void tma_load_2d(void* destination, const CUtensorMap* map, uint64_t* barrier, int inner, int outer) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(shared_address(destination)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(shared_address(destination)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(inner), "r"(outer), "r"(shared_address(barrier))
       : "memory");
 }
@@ -142,9 +141,9 @@ __device__ inline void settle(float (&registers)[kCount]) {
 // d[64 x 256] (fp32, 128 registers per thread) = (accumulate ? d : 0) + A[64 x 16] * B[256 x 16]^T,
 // A and B K-major in shared memory. Register d[4 j + r] of a thread holds the element that
 // register r of mma.m16n8 holds in n-chunk j, in the 16-row slice of the thread's warp.
-#define COURSE_WGMMA_OPERANDS_16(i)                                                                                  \
+#define COURSE_WGMMA_OPERANDS_16(i)                                                                               \
   "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
-      "+f"(d[i + 7]), "+f"(d[i + 8]), "+f"(d[i + 9]), "+f"(d[i + 10]), "+f"(d[i + 11]), "+f"(d[i + 12]),           \
+      "+f"(d[i + 7]), "+f"(d[i + 8]), "+f"(d[i + 9]), "+f"(d[i + 10]), "+f"(d[i + 11]), "+f"(d[i + 12]),          \
       "+f"(d[i + 13]), "+f"(d[i + 14]), "+f"(d[i + 15])
 #define COURSE_WGMMA_M64N256K16(TYPE)                                                                                \
   asm volatile(                                                                                                      \
@@ -152,7 +151,7 @@ __device__ inline void settle(float (&registers)[kCount]) {
       "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE                                                   \
       " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
       "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "    \
-      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, "     \
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, "    \
       "%65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, "    \
       "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, "   \
       "%106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
@@ -163,11 +162,10 @@ __device__ inline void settle(float (&registers)[kCount]) {
       : "l"(a_descriptor), "l"(b_descriptor), "r"(static_cast<int>(accumulate)))
 
 template <typename T>
-__device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t a_descriptor, uint64_t b_descriptor,
-                                        bool accumulate);
+__device__ inline void wgmma_m64n256k16(float (&d)[128], uint64_t a_descriptor, uint64_t b_descriptor, bool accumulate);
 template <>
-__device__ inline void wgmma_m64n256k16<__nv_bfloat16>(float (&d)[128], uint64_t a_descriptor,
-                                                       uint64_t b_descriptor, bool accumulate) {
+__device__ inline void wgmma_m64n256k16<__nv_bfloat16>(float (&d)[128], uint64_t a_descriptor, uint64_t b_descriptor,
+                                                       bool accumulate) {
   COURSE_WGMMA_M64N256K16("bf16");
 }
 template <>

@@ -43,21 +43,21 @@ at::Tensor checked_linear_act(const char* op, Launcher launch, const at::Tensor&
   course::check_same_device(x, weight, op, "x", "weight");
   course::check_same_device(x, bias, op, "x", "bias");
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
-              op, ": x must have dtype float16 or bfloat16 (the tensor cores' input types), got ",
-              course::describe(x), "; convert it with x.to(torch.bfloat16)");
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": x must have dtype float16 or bfloat16 (the tensor cores' input types), got ", course::describe(x),
+              "; convert it with x.to(torch.bfloat16)");
   course::check_dtype(weight, op, "weight", dtype);
   course::check_dtype(bias, op, "bias", dtype);
-  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && bias.dim() == 1,
-              op, ": expected x [..., K], weight [N, K] (nn.Linear's layout) and bias [N], got x ",
-              course::describe(x), ", weight ", course::describe(weight), ", bias ", course::describe(bias));
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && bias.dim() == 1, op,
+              ": expected x [..., K], weight [N, K] (nn.Linear's layout) and bias [N], got x ", course::describe(x),
+              ", weight ", course::describe(weight), ", bias ", course::describe(bias));
   const int64_t K = x.size(-1), N = weight.size(0);
-  TORCH_CHECK(weight.size(1) == K && bias.size(0) == N, op, ": shape mismatch: x ", course::describe(x),
-              ", weight ", course::describe(weight), ", bias ", course::describe(bias),
+  TORCH_CHECK(weight.size(1) == K && bias.size(0) == N, op, ": shape mismatch: x ", course::describe(x), ", weight ",
+              course::describe(weight), ", bias ", course::describe(bias),
               "; weight must be [N, K] with K = x.size(-1), bias [N]");
   TORCH_CHECK(K % kShapeMultiple == 0 && N % kShapeMultiple == 0, op, ": K and N must be multiples of ",
-              std::to_string(kShapeMultiple), " (16-byte rows for the tensor cores' loads), got K = ", std::to_string(K),
-              ", N = ", std::to_string(N),
+              std::to_string(kShapeMultiple),
+              " (16-byte rows for the tensor cores' loads), got K = ", std::to_string(K), ", N = ", std::to_string(N),
               "; pad them with torch.nn.functional.pad");
   course::check_contiguous(x, op, "x");
   course::check_contiguous(weight, op, "weight");
@@ -67,8 +67,10 @@ at::Tensor checked_linear_act(const char* op, Launcher launch, const at::Tensor&
 
   const c10::cuda::CUDAGuard device_guard(x.device());
   const int major = course::device_attribute(cudaDevAttrComputeCapabilityMajor);
-  TORCH_CHECK(dtype != at::kBFloat16 || major >= 8, op, ": bfloat16 needs tensor cores of compute capability "
-              "8.0 or newer (A100, H100, RTX 30xx+); this GPU is ", std::to_string(major), ".x: use float16 (x.half())");
+  TORCH_CHECK(dtype != at::kBFloat16 || major >= 8, op,
+              ": bfloat16 needs tensor cores of compute capability "
+              "8.0 or newer (A100, H100, RTX 30xx+); this GPU is ",
+              std::to_string(major), ".x: use float16 (x.half())");
 
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = N;
@@ -78,8 +80,8 @@ at::Tensor checked_linear_act(const char* op, Launcher launch, const at::Tensor&
     course::check_cuda_tensor(out, op, "out");
     course::check_same_device(x, out, op, "x", "out");
     course::check_dtype(out, op, "out", dtype);
-    TORCH_CHECK(out.sizes().vec() == out_shape, op, ": out must have shape ", course::format_dims(out_shape),
-                ", got ", course::describe(out));
+    TORCH_CHECK(out.sizes().vec() == out_shape, op, ": out must have shape ", course::format_dims(out_shape), ", got ",
+                course::describe(out));
     course::check_contiguous(out, op, "out");
     check_aligned(out, op, "out");
   } else {
@@ -120,8 +122,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "linear_act on Hopper's TMA + wgmma path (reference only; needs wgmma_available())", pybind11::arg("x"),
         pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("activation") = "gelu",
         pybind11::arg("out") = pybind11::none());
-  m.def("wgmma_available", [] { return wgmma_available(); },
-        "True on a compute capability 9.0 GPU when this build includes sm_90a (TORCH_CUDA_ARCH_LIST=9.0a)");
+  m.def(
+      "wgmma_available", [] { return wgmma_available(); },
+      "True on a compute capability 9.0 GPU when this build includes sm_90a (TORCH_CUDA_ARCH_LIST=9.0a)");
   m.def(
       "tile_config", [](int capability_major) { return tile_dict(tile_config(capability_major)); },
       "the block tile and shared memory per block on a GPU of this compute capability", pybind11::arg("major"));

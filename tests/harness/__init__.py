@@ -7,6 +7,7 @@ submission) comes from `./course grade --impl` through the COURSE_IMPL variable.
 from __future__ import annotations
 
 import re
+
 import pytest
 import torch
 
@@ -25,7 +26,8 @@ requires_gpu = pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
 # For checks of outputs replayed from a CUDA graph (LabHandle.capture_on_current_stream).
 STREAM_HINT = ("a kernel launched on the legacy default stream (<<<blocks, threads>>> with no stream) instead of the "
                "current stream is not part of a CUDA graph, and outside graphs runs unordered with the PyTorch work "
-               "around it: launch with <<<blocks, threads, shared_bytes, stream>>> where stream = course::current_stream()")
+               "around it: launch with <<<blocks, threads, shared_bytes, stream>>> "
+               "where stream = course::current_stream()")
 # Generic error lines of nvcc and g++ ("file(12): error: ..." or "file:12:3: error: ...").
 _COMPILER_ERROR = re.compile(r"(error[: ]|Error [0-9]|undefined symbol)", re.IGNORECASE)
 

@@ -6,7 +6,6 @@ import math
 
 import torch
 
-
 # Unit roundoff u = 2^-(mantissa bits + 1): the largest relative error of one rounding.
 UNIT_ROUNDOFF = {
     torch.float64: 2.0**-53,
@@ -114,12 +113,15 @@ def assert_close(
     want_first = want.flatten()[first].item()
     lines = [
         f"{case}: {n_bad} of {out.numel()} elements wrong ({100.0 * n_bad / max(1, out.numel()):.3g}%), "
-        f"relative error {rel_error:.2e} over the finite ones (tolerance {tol:.1e}, dtype {str(out.dtype).replace('torch.', '')})",
-        f"  first wrong element at {_where(first, tuple(out.shape), block, tile)}: got {got_first:.6g}, expected {want_first:.6g}",
+        f"relative error {rel_error:.2e} over the finite ones "
+        f"(tolerance {tol:.1e}, dtype {str(out.dtype).replace('torch.', '')})",
+        f"  first wrong element at {_where(first, tuple(out.shape), block, tile)}: "
+        f"got {got_first:.6g}, expected {want_first:.6g}",
     ]
     if n_nan:
         lines.append(
-            f"  {n_nan} wrong elements are NaN: the output starts filled with NaN, so these were most likely never written"
+            f"  {n_nan} wrong elements are NaN: the output starts filled with NaN, "
+            "so these were most likely never written"
         )
     if hint:
         lines.append(f"  hint: {hint}")
@@ -135,7 +137,8 @@ def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str) -> st
         missing = [word for word in must_mention if word.lower() not in text.lower()]
         if missing:
             raise GradeFailure(
-                f"{case}: raised, but the message does not mention {missing}; it said:\n    {text.splitlines()[0][:300]}"
+                f"{case}: raised, but the message does not mention {missing}; "
+                f"it said:\n    {text.splitlines()[0][:300]}"
             ) from None
         return text
     raise GradeFailure(f"{case}: expected a clear error, but the call returned normally")

@@ -62,7 +62,9 @@ def grade(lab: trees.Lab, mutant: Mutant, timeout_s: int = 900) -> list[dict]:
     env = dict(os.environ, **{trees.IMPL_ENV: str(root)})
     run = subprocess.run(command, cwd=trees.ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if not report.exists():
-        raise AssertionError(f"mutant {mutant.name}: the grader process died (exit {run.returncode}):\n{run.stdout[-3000:]}")
+        raise AssertionError(
+            f"mutant {mutant.name}: the grader process died (exit {run.returncode}):\n{run.stdout[-3000:]}"
+        )
     tests = json.loads(report.read_text())["tests"]
     if not tests:
         raise AssertionError(f"mutant {mutant.name}: -k {mutant.tests!r} selected no test")

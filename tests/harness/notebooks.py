@@ -47,7 +47,8 @@ def validate(lab: trees.Lab, tree: trees.Tree) -> None:
 def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
     """Run every cell top to bottom in a fresh kernel, in the lab's folder."""
     nbclient = pytest.importorskip(
-        "nbclient", reason="nbclient is not installed here, so the notebook was not executed (pip install nbclient ipykernel)"
+        "nbclient",
+        reason="nbclient is not installed here, so the notebook was not executed (pip install nbclient ipykernel)",
     )
     import nbformat
 

@@ -60,7 +60,8 @@ class PerfCase:
         self.ours_tflops = self.flops / (self.ours_ms * 1e-3) / 1e12 if self.flops else 0.0
 
     def summary(self) -> str:
-        text = f"{self.name}: {self.ratio:.2f}x {self.baseline_name} ({self.ours_ms:.3f} ms vs {self.baseline_ms:.3f} ms)"
+        text = (f"{self.name}: {self.ratio:.2f}x {self.baseline_name} "
+                f"({self.ours_ms:.3f} ms vs {self.baseline_ms:.3f} ms)")
         if self.bytes:
             text += f", {self.ours_gbps:.0f} GB/s"
             if self.pct_of_copy is not None:

@@ -134,6 +134,13 @@ class Lab:
         return BUILD / "jit" / tree.tag / self.name
 
 
+def formatted_cxx_sources() -> list[Path]:
+    """The C++/CUDA files clang-format keeps in style: the solutions (labs/ are generated from
+    them), the shared headers and the GPU probes; not build outputs or student skeletons."""
+    roots = [SOLUTIONS, INCLUDE, ROOT / "tools"]
+    return sorted(p for root in roots for p in root.rglob("*") if p.suffix in CXX_SUFFIXES and p.is_file())
+
+
 def all_labs() -> list[Lab]:
     """Every lab, in lesson order; `solutions/` is the source of truth."""
     labs = []

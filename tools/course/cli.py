@@ -21,7 +21,6 @@ import labgen  # noqa: E402
 import report  # noqa: E402
 import runner  # noqa: E402
 
-
 trees = env.load_trees()
 ROOT = trees.ROOT
 DEFAULT_DEADLINE_S = 600  # per lab: a hung kernel is killed after this and reported as such
@@ -154,8 +153,8 @@ def _grade_submissions(args) -> int:
 def cmd_build(args) -> int:
     python = env.python_for("test")
     lab = trees.find_lab(args.lab)  # a wrong lab or tree fails here, before torch is imported
-    command = [python, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number, "--impl", _impl(args.impl),
-               *(["-v"] if args.verbose else []), *(["--clean"] if args.clean else [])]
+    command = [python, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number,
+               "--impl", _impl(args.impl), *(["-v"] if args.verbose else []), *(["--clean"] if args.clean else [])]
     path = os.pathsep.join(p for p in (str(trees.TESTS), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=path)).returncode
 
@@ -271,6 +270,23 @@ def cmd_setup(args) -> int:
     return 0
 
 
+def cmd_lint(args) -> int:
+    """ruff over the Python, clang-format over the C++/CUDA: the style CI enforces."""
+    python = env.python_for("lint")
+    ruff = [python, "-m", "ruff", "check", *(["--fix"] if args.fix else []), str(ROOT)]
+    status = subprocess.run(ruff, cwd=ROOT).returncode
+    clang_format = subprocess.run(
+        [python, "-c", "import clang_format; print(clang_format.get_executable('clang-format'))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    sources = [str(p) for p in trees.formatted_cxx_sources()]
+    mode = ["-i"] if args.fix else ["--dry-run", "--Werror"]
+    formatted = subprocess.run([clang_format, *mode, *sources], cwd=ROOT).returncode
+    if formatted and not args.fix:
+        print(f"[course] lint: {len(sources)} C++/CUDA files checked against .clang-format; "
+              "./course lint --fix rewrites them (then ./course labs)")
+    return 1 if status or formatted else 0
+
+
 def cmd_doctor(args) -> int:
     import doctor
 
@@ -288,7 +304,8 @@ def main(argv=None) -> int:
 
     impl_help = ("the tree to grade: labs (your skeletons), solutions (the references) or the path of a folder laid "
                  "out like labs/ (default: %(default)s)")
-    p = add("serve", "serve the course site at http://127.0.0.1:8000 (installs the docs dependencies on first use)", cmd_serve)
+    p = add("serve", "serve the course site at http://127.0.0.1:8000 (installs the docs dependencies on first use)",
+            cmd_serve)
     p.add_argument("--addr", default="127.0.0.1:8000")
     add("site", "build the site into build/site with mkdocs --strict", cmd_site)
     p = add("test", "run the whole suite (grader self-tests, then every lab) against the reference solutions", cmd_test)
@@ -296,11 +313,14 @@ def main(argv=None) -> int:
     p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
     p.add_argument("--json", help="also write the results as JSON to this file")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds before a lab's run is killed as hung")
-    p.add_argument("--seed", type=int, help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
+                   help="seconds before a lab's run is killed as hung")
+    p.add_argument("--seed", type=int,
+                   help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p = add("grade", "grade labs: correctness, error handling and speed, with a per-case report", cmd_grade)
     p.add_argument("labs", nargs="*", help="lab numbers (e.g. 00)")
-    p.add_argument("--impl", default="labs", help=impl_help + "; with --all, the folder holding one such folder per student")
+    p.add_argument("--impl", default="labs",
+                   help=impl_help + "; with --all, the folder holding one such folder per student")
     p.add_argument("--all", action="store_true", help="--impl is a folder of submissions: grade each one")
     p.add_argument("--json", help="write per-lab results (or, with --all, per student x lab) as JSON here "
                    "(--all: default build/grades.json, and a CSV beside it)")
@@ -311,10 +331,15 @@ def main(argv=None) -> int:
                    f"{GRADESCOPE_RESULTS}/results.json when that folder exists, else build/results.json); with --all, "
                    "the folder that gets STUDENT/results.json (default: build/gradescope)")
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S, help="seconds before a lab's run is killed as hung")
-    p.add_argument("--seed", type=int, help="random seed for the inputs (printed on every run; pass it to reproduce one)")
-    p.add_argument("--sanitize", action="store_true", help="also run compute-sanitizer's four tools; findings fail the lab")
-    p = add("sanitize", "run a lab's correctness cases under compute-sanitizer memcheck, racecheck, synccheck, initcheck", cmd_sanitize)
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
+                   help="seconds before a lab's run is killed as hung")
+    p.add_argument("--seed", type=int,
+                   help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    p.add_argument("--sanitize", action="store_true",
+                   help="also run compute-sanitizer's four tools; findings fail the lab")
+    p = add("sanitize",
+            "run a lab's correctness cases under compute-sanitizer memcheck, racecheck, synccheck, initcheck",
+            cmd_sanitize)
     p.add_argument("lab")
     p.add_argument("--impl", default="labs", help=impl_help)
     p.add_argument("--tool", action="append", choices=runner.SANITIZER_TOOLS, help="only this tool (repeatable)")
@@ -322,7 +347,8 @@ def main(argv=None) -> int:
     p = add("build", "compile one lab (JIT, as the grader does) and report the time", cmd_build)
     p.add_argument("lab")
     p.add_argument("--impl", default="labs", help=impl_help)
-    p.add_argument("-v", "--verbose", action="store_true", help="show the compiler commands and ptxas's register/smem report")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show the compiler commands and ptxas's register/smem report")
     p.add_argument("--clean", action="store_true", help="delete the build dir first (a cold build)")
     p = add("bench", "time a lab's kernels against PyTorch on this GPU; print a table", cmd_bench)
     p.add_argument("lab")
@@ -337,7 +363,10 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
     p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
     p.add_argument("groups", nargs="*", help=f"{', '.join(env.GROUP_MODULES)} (default: all)")
-    p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)", cmd_doctor)
+    p = add("lint", "check the style: ruff (Python) and clang-format (C++/CUDA), as CI does", cmd_lint)
+    p.add_argument("--fix", action="store_true", help="rewrite the files instead (then run ./course labs)")
+    p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)",
+            cmd_doctor)
     p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)
     try:

@@ -67,11 +67,13 @@ def checks(root: Path, trees, env, probe: Probe | None = None) -> list[tuple[str
         results.append(("nvcc vs torch CUDA", same_major,
                         f"nvcc {nvcc_version}, torch built with {facts['cuda']}" if same_major else
                         f"nvcc is CUDA {nvcc_version} but torch was built with {facts['cuda']}: extensions may fail to "
-                        f"link or load; install CUDA {facts['cuda'].split('.')[0]}.x or a torch built for {nvcc_version}"))
+                        f"link or load; install CUDA {facts['cuda'].split('.')[0]}.x "
+                        f"or a torch built for {nvcc_version}"))
     ninja = probe.which("ninja")
     results.append(("ninja", bool(ninja), ninja or "not found: pip install ninja (load() needs it)"))
     compiler = probe.which("c++") or probe.which("g++")
-    results.append(("host compiler", bool(compiler), (probe.run([compiler, "--version"]).splitlines() or [""])[0] if compiler
+    results.append(("host compiler", bool(compiler),
+                    (probe.run([compiler, "--version"]).splitlines() or [""])[0] if compiler
                     else "no c++/g++: apt-get install g++ (or build-essential)"))
     if facts:
         if facts.get("gpu"):

@@ -40,6 +40,7 @@ REQUIREMENTS = ROOT / "requirements"
 GROUP_MODULES = {
     "docs": ("mkdocs", "material", "pymdownx"),
     "test": ("torch", "pytest", "numpy", "ninja"),
+    "lint": ("ruff", "clang_format"),
 }
 
 

@@ -122,7 +122,8 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
         print(f"  log: {result['log']}")
     # The closing line CI reads: counts over every lab and the grader's own tests.
     reference_total = totals["reference_passed"] + totals["reference_failed"]
-    print(f"\ntotal: {totals['passed']} passed, {totals['failed'] + totals['errors']} failed, {totals['skipped']} skipped"
+    print(f"\ntotal: {totals['passed']} passed, {totals['failed'] + totals['errors']} failed, "
+          f"{totals['skipped']} skipped"
           + (f"; {REFERENCE_LABEL}: {totals['reference_passed']} passed, {totals['reference_failed']} failed"
              if reference_total else ""))
     return totals
@@ -133,13 +134,15 @@ def all_passed(totals: dict) -> bool:
 
 
 def print_bench(cases: list[dict]) -> None:
-    header = f"{'case':<34} {'ours ms':>9} {'baseline':>22} {'base ms':>9} {'ratio':>6} {'target':>6} {'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8}"
+    header = (f"{'case':<34} {'ours ms':>9} {'baseline':>22} {'base ms':>9} {'ratio':>6} {'target':>6} "
+              f"{'GB/s':>7} {'%copy':>6} {'TFLOP/s':>8}")
     print(header)
     print("-" * len(header))
     for c in cases:
         pct = f"{c['pct_of_copy']:.0f}" if c.get("pct_of_copy") else ""
         print(f"{c['name']:<34} {c['ours_ms']:>9.3f} {c['baseline_name']:>22} {c['baseline_ms']:>9.3f} "
-              f"{c['ratio']:>6.2f} {c['target']:>6.2f} {c['ours_gbps'] or 0:>7.0f} {pct:>6} {c['ours_tflops'] or 0:>8.1f}")
+              f"{c['ratio']:>6.2f} {c['target']:>6.2f} {c['ours_gbps'] or 0:>7.0f} {pct:>6} "
+              f"{c['ours_tflops'] or 0:>8.1f}")
     print(f"gpu: {cases[0]['gpu']}; ratio = baseline time / our time (higher is better)")
 
 
@@ -152,7 +155,8 @@ def _static_points(lab) -> dict[str, float]:
     except (OSError, SyntaxError):
         return {}
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        target = (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1
+                  else getattr(node, "target", None))
         if isinstance(target, ast.Name) and target.id == "POINTS" and node.value is not None:
             try:
                 return dict(ast.literal_eval(node.value))
@@ -234,7 +238,8 @@ def task_scores(result: dict) -> list[dict]:
                 lines.append(f"FAIL {test['name']}")
                 lines.extend(f"    {line}" for line in test.get("message", "").rstrip().splitlines()[:8])
             if len(failed) > SHOWN_FAILURES:
-                lines.append(f"... and {_plural(len(failed) - SHOWN_FAILURES, 'more failed test')} (./course grade lists each)")
+                lines.append(f"... and {_plural(len(failed) - SHOWN_FAILURES, 'more failed test')} "
+                             "(./course grade lists each)")
             todos = open_todos(tests, task)
             if todos:
                 lines.append("still to do:")
@@ -258,9 +263,9 @@ GRADESCOPE_VISIBILITY = "visible"
 def _lab_output(result: dict, rows: list[dict]) -> str:
     counts = _counts(_student_tests(result))
     score, maximum = sum(r["score"] for r in rows), sum(r["max_score"] for r in rows)
-    lines = [f"{result.get('lab') or result['label']}: {score:g} of {maximum:g} points; tests {counts['passed']} passed, "
-             f"{counts['failed']} failed, {counts['skipped']} skipped (seed {result.get('seed')}: "
-             f"--seed {result.get('seed')} reproduces the inputs)"]
+    lines = [f"{result.get('lab') or result['label']}: {score:g} of {maximum:g} points; "
+             f"tests {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+             f"(seed {result.get('seed')}: --seed {result.get('seed')} reproduces the inputs)"]
     failure = lab_failure(result)
     if failure:
         lines.append(failure)
@@ -318,7 +323,8 @@ def csv_row(student: str, result: dict) -> dict:
     ratios = "; ".join(f"{c['name']}={c['ratio']:.2f}" for c in result.get("perf", []))
     rows = task_scores(result)
     return {"student": student, "lab": result["label"][len(student) + 1:], **counts,
-            "perf_ratios": ratios, "errors": " | ".join(([result["error"].splitlines()[0]] if result.get("error") else []) + failures),
+            "perf_ratios": ratios,
+            "errors": " | ".join(([result["error"].splitlines()[0]] if result.get("error") else []) + failures),
             "points": f"{sum(r['score'] for r in rows):g}", "max_points": f"{sum(r['max_score'] for r in rows):g}"}
 
 
@@ -343,7 +349,8 @@ def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
             status = _tag("ERROR")
         else:
             status = _tag("PASS") if runner.is_clean(row) else _tag("FAIL")
-        print(f"  {status} {row['tool']:<10} {row['errors']} error(s) over {row['tests']} test(s) in {row['seconds']:.0f} s")
+        print(f"  {status} {row['tool']:<10} {row['errors']} error(s) over {row['tests']} test(s) "
+              f"in {row['seconds']:.0f} s")
         for line in row["findings"]:
             print(f"       {line}")
         if row["process_error"]:

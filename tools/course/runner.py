@@ -57,7 +57,8 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
     seed = seed if seed is not None else trees.seed()
     command = [*(wrapper or []), python, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "-rN",
                f"--course-json={json_path}", "--tb=short", *(pytest_args or [])]
-    environment = dict(os.environ, **{trees.IMPL_ENV: impl, trees.SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"}, **(extra_env or {}))
+    environment = dict(os.environ, **{trees.IMPL_ENV: impl, trees.SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"},
+                       **(extra_env or {}))
     print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
     started = time.perf_counter()
     hung = False
@@ -74,8 +75,8 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                 process.kill()
                 break
             if not verbose and now > next_progress:
-                print(f"[course] {label}: still running ({now - started:.0f} s; the first build of a lab takes longest)",
-                      flush=True)
+                print(f"[course] {label}: still running ({now - started:.0f} s; "
+                      "the first build of a lab takes longest)", flush=True)
                 next_progress = now + PROGRESS_EVERY_S
             try:
                 line = lines.get(timeout=0.5)
@@ -98,7 +99,8 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-12:])
         # pytest's own failures (2 interrupted, 3 internal error, 4 usage error) are no kernel's doing.
         crashed = process.returncode not in _PYTEST_OWN_ERRORS
-        result["error"] = (f"the test process died (exit code {process.returncode}) before finishing; its last output:\n"
+        result["error"] = (f"the test process died (exit code {process.returncode}) "
+                           "before finishing; its last output:\n"
                            f"{tail.rstrip()}" + (trees.sanitize_hint(lab_number, impl) if crashed else ""))
     return result
 
@@ -136,6 +138,7 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
             if re.match(r"========= \S", line) and "SUMMARY" not in line and "COMPUTE-SANITIZER" not in line))
         tests = result.get("tests", [])
         rows.append({"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
-                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10], "summaries": summaries[:4],
+                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10],
+                     "summaries": summaries[:4],
                      "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]})
     return rows

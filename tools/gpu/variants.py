@@ -2,8 +2,8 @@
 
     python3 tools/gpu/variants.py 02 'rows4:transpose.cu:kBlockRows = 8;:kBlockRows = 4;' ...
 
-Each variant is NAME:FILE:OLD:NEW (or @FILE with one such spec per line) (OLD must occur once in FILE; '\\n' allowed); several
-edits for one variant are joined with '|'. Each variant is built as a submission and
+Each variant is NAME:FILE:OLD:NEW (or @FILE with one such spec per line) (OLD must occur once in FILE; '\\n' allowed);
+several edits for one variant are joined with '|'. Each variant is built as a submission and
 benchmarked with `./course bench`; a table of every perf case's ratio ends the output.
 """
 from __future__ import annotations

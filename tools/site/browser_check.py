@@ -287,10 +287,13 @@ def page_events(events: list[dict], host: str) -> list[str]:
             problems.append(f"console error: {text[:300]}")
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
-            problems.append(f"uncaught exception: {details.get('exception', {}).get('description', details.get('text'))}"[:400])
+            problems.append(
+                f"uncaught exception: {details.get('exception', {}).get('description', details.get('text'))}"[:400]
+            )
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             entry = params["entry"]
-            problems.append(f"console error ({entry.get('source')}): {entry.get('text', '')[:300]} {entry.get('url', '')}")
+            problems.append(f"console error ({entry.get('source')}): "
+                            f"{entry.get('text', '')[:300]} {entry.get('url', '')}")
         elif method == "Network.requestWillBeSent":
             url = params.get("request", {}).get("url", "")
             parts = urlsplit(url)
@@ -324,7 +327,8 @@ def main(argv=None) -> int:
     parser.add_argument("site_dir", nargs="?", help=f"the built site (default {trees.SITE_BUILD})")
     parser.add_argument("--site", default=str(trees.SITE_BUILD), help="the same, as an option")
     parser.add_argument("--out", default=str(trees.BUILD / "site-check"), help="where screenshots go")
-    parser.add_argument("--chromium", help="the browser binary (default: the first of devtools.CHROMIUM_NAMES on the PATH)")
+    parser.add_argument("--chromium",
+                        help="the browser binary (default: the first of devtools.CHROMIUM_NAMES on the PATH)")
     parser.add_argument("--timeout", type=float, default=30, help="seconds to wait for one browser reply")
     args = parser.parse_args(argv)
     site, out = Path(args.site_dir or args.site).resolve(), Path(args.out).resolve()
