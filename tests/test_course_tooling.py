@@ -19,6 +19,7 @@ from harness.todos import ALL, REFERENCE_MARK, declarations_in, open_todos
 
 sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import labgen  # noqa: E402
+import report  # noqa: E402
 
 COURSE = str(trees.ROOT / "course")
 
@@ -60,6 +61,20 @@ def test_no_todo_line_runs_past_the_column_limit():
                         if "TODO(" in line and len(line) > 120]
                 assert not long, f"{path.relative_to(trees.ROOT)}:{long}: a TODO line over 120 columns (continue its "\
                                  "text on indented comment lines after SOLUTION BEGIN)"
+
+
+def test_summary_ends_with_the_line_ci_reads(capsys):
+    """CI judges a run by its closing line, 'total: N passed, N failed, N skipped', alone on its line:
+    reference checks are counted in it, not appended to it."""
+    tests = [{"name": "a", "outcome": "passed", "kind": "student"},
+             {"name": "b", "outcome": "failed", "kind": "student", "message": "wrong", "todos": []},
+             {"name": "c", "outcome": "passed", "kind": "reference"},
+             {"name": "d", "outcome": "skipped", "kind": "reference", "message": "no GPU"}]
+    report.print_summary([{"label": "99-demo", "impl": "solutions", "seconds": 1.0, "seed": 1, "log": "x.log",
+                           "tests": tests}])
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert re.fullmatch(r"total: \d+ passed, \d+ failed, \d+ skipped", last), last
+    assert last == "total: 2 passed, 1 failed, 1 skipped"
 
 
 @pytest.mark.parametrize("broken, problem", [

@@ -51,28 +51,17 @@ inline void check_cuda_tensor(const at::Tensor& t, const char* op, const char* n
 // torch does not have; lowercased they are right for every type but these.
 inline std::string python_dtype(at::ScalarType type) {
   switch (type) {
-    case at::ScalarType::Byte:
-      return "torch.uint8";
-    case at::ScalarType::Char:
-      return "torch.int8";
-    case at::ScalarType::Short:
-      return "torch.int16";
-    case at::ScalarType::Int:
-      return "torch.int32";
-    case at::ScalarType::Long:
-      return "torch.int64";
-    case at::ScalarType::Half:
-      return "torch.float16";
-    case at::ScalarType::Float:
-      return "torch.float32";
-    case at::ScalarType::Double:
-      return "torch.float64";
-    case at::ScalarType::ComplexHalf:
-      return "torch.complex32";
-    case at::ScalarType::ComplexFloat:
-      return "torch.complex64";
-    case at::ScalarType::ComplexDouble:
-      return "torch.complex128";
+    case at::ScalarType::Byte: return "torch.uint8";
+    case at::ScalarType::Char: return "torch.int8";
+    case at::ScalarType::Short: return "torch.int16";
+    case at::ScalarType::Int: return "torch.int32";
+    case at::ScalarType::Long: return "torch.int64";
+    case at::ScalarType::Half: return "torch.float16";
+    case at::ScalarType::Float: return "torch.float32";
+    case at::ScalarType::Double: return "torch.float64";
+    case at::ScalarType::ComplexHalf: return "torch.complex32";
+    case at::ScalarType::ComplexFloat: return "torch.complex64";
+    case at::ScalarType::ComplexDouble: return "torch.complex128";
     default: {  // BFloat16, Bool, Float8_e4m3fn, UInt16, QInt8, ...
       std::string name = c10::toString(type);
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

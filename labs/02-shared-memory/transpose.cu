@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash cba4a17bf0fc].
+// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash eb853e3a71d4].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02: transpose through shared memory. A transpose moves every element once and computes
@@ -159,9 +159,7 @@ void launch_transpose(TransposeKernel kernel, const float* in, float* out, const
   const dim3 threads(kTile, kBlockRows);
   const int blocks = static_cast<int>(grid.blocks);
   switch (kernel) {
-    case TransposeKernel::kNaive:
-      naive_transpose_kernel<<<blocks, threads, 0, stream>>>(in, out, shape, grid);
-      break;
+    case TransposeKernel::kNaive: naive_transpose_kernel<<<blocks, threads, 0, stream>>>(in, out, shape, grid); break;
     case TransposeKernel::kTiled:
       tiled_transpose_kernel<kTile><<<blocks, threads, 0, stream>>>(in, out, shape, grid);
       break;

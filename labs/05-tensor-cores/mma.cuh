@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash 43ceee6560ed].
+// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash f4bc4a516886].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's tensor-core building blocks: the fragment layout of mma.m16n8k16, the PTX
@@ -195,12 +195,9 @@ __device__ inline void store_pair(__nv_bfloat16* out, float first, float second)
 __device__ inline float activate(float x, Activation activation) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
   switch (activation) {
-    case Activation::kRelu:
-      return fmaxf(x, 0.0f);
-    case Activation::kGelu:
-      return __fdividef(x, 1.0f + __expf(-2.0f * kSqrt2OverPi * (x + kCubic * x * x * x)));
-    default:
-      return x;
+    case Activation::kRelu: return fmaxf(x, 0.0f);
+    case Activation::kGelu: return __fdividef(x, 1.0f + __expf(-2.0f * kSqrt2OverPi * (x + kCubic * x * x * x)));
+    default: return x;
   }
 }
 // --8<-- [end:activation]

@@ -196,9 +196,7 @@ void launch_transpose(TransposeKernel kernel, const float* in, float* out, const
   const dim3 threads(kTile, kBlockRows);
   const int blocks = static_cast<int>(grid.blocks);
   switch (kernel) {
-    case TransposeKernel::kNaive:
-      naive_transpose_kernel<<<blocks, threads, 0, stream>>>(in, out, shape, grid);
-      break;
+    case TransposeKernel::kNaive: naive_transpose_kernel<<<blocks, threads, 0, stream>>>(in, out, shape, grid); break;
     case TransposeKernel::kTiled:
       tiled_transpose_kernel<kTile><<<blocks, threads, 0, stream>>>(in, out, shape, grid);
       break;

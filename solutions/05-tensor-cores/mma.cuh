@@ -202,12 +202,9 @@ __device__ inline void store_pair(__nv_bfloat16* out, float first, float second)
 __device__ inline float activate(float x, Activation activation) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
   switch (activation) {
-    case Activation::kRelu:
-      return fmaxf(x, 0.0f);
-    case Activation::kGelu:
-      return __fdividef(x, 1.0f + __expf(-2.0f * kSqrt2OverPi * (x + kCubic * x * x * x)));
-    default:
-      return x;
+    case Activation::kRelu: return fmaxf(x, 0.0f);
+    case Activation::kGelu: return __fdividef(x, 1.0f + __expf(-2.0f * kSqrt2OverPi * (x + kCubic * x * x * x)));
+    default: return x;
   }
 }
 // --8<-- [end:activation]

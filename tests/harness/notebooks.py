@@ -77,6 +77,9 @@ def tests_for(handle):
     @requires_gpu
     @tasks(ALL)
     def test_notebook_runs():
+        # The notebook compiles the lab again, with its own load(): a submission that the grader
+        # could not build fails here with that build's error instead of a second compile.
+        handle.module
         execute(handle.lab, handle.tree)
 
     return test_notebook_is_clean, test_notebook_runs
