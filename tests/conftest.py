@@ -66,6 +66,19 @@ def pytest_runtest_setup(item):
     torch.manual_seed(digest)
 
 
+@pytest.fixture
+def gpu_memory():
+    """For the past-2^31 cases: `gpu_memory(gib)` skips without that much free GPU memory; after the
+    test (its tensors gone) the cached blocks go back to the driver, so the next test starts free."""
+    from harness import require_gpu_memory
+
+    yield require_gpu_memory
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -107,6 +107,42 @@ def test_axpy(shape, blocks):
 
 
 @requires_gpu
+@harness.tasks("lab00.4")  # scale's guard is given; axpy's wrapper is the student's
+def test_inputs_on_another_gpu():
+    """Inputs on cuda:1 while cuda:0 is current: without a device guard the wrapper allocates out on
+    cuda:0 and launches there, on pointers of another GPU. Needs two GPUs; with one it says so."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: a missing device guard (c10::cuda::CUDAGuard) only shows when the inputs live "
+                    "on a GPU other than the current one")
+    torch.cuda.set_device(0)
+    x, y = random_tensor((4097,), FP32, device="cuda:1"), random_tensor((4097,), FP32, device="cuda:1")
+    for name, call, want in (("scale", lambda: LAB.module.scale(x, 2.0), 2.0 * x.double()),
+                             ("axpy", lambda: LAB.module.axpy(2.0, x, y), 2.0 * x.double() + y.double())):
+        out = call()
+        torch.cuda.synchronize(1)
+        assert out.device == x.device, f"{name} of inputs on cuda:1 returned its output on {out.device}"
+        LAB.assert_close(out, want, case=f"{name} of inputs on cuda:1 with cuda:0 current", tol=tolerance(FP32),
+                         hint="const c10::cuda::CUDAGuard device_guard(x.device()); before allocating and launching")
+
+
+@requires_gpu
+@pytest.mark.large
+@harness.tasks("lab00.1", "lab00.2", "lab00.3", "lab00.4")
+def test_past_2_31_elements(gpu_memory):
+    """2^31 + 33 floats: an int index wraps at 2^31, so the kernels' index and the grid-stride step must be int64."""
+    gpu_memory(28)
+    n = harness.PAST_INT32
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    alpha = random.uniform(-3, 3)
+    out = LAB.module.scale(x, alpha)
+    harness.check.assert_ends_close(out, lambda part: x[part].double() * alpha, tol=tolerance(FP32),
+                                    case=f"scale of {n} floats", hint=GRID_HINT + "; index with int64_t")
+    out = LAB.module.axpy(alpha, x, y)
+    harness.check.assert_ends_close(out, lambda part: alpha * x[part].double() + y[part].double(), tol=tolerance(FP32),
+                                    case=f"axpy of {n} floats", hint=GRID_HINT + "; index with int64_t")
+
+
+@requires_gpu
 @harness.tasks("lab00.4")  # the empty scale is given; axpy's wrapper must allow it too
 def test_empty_input():
     x = torch.empty(0, device="cuda")
@@ -219,6 +255,11 @@ MUTANTS = [
                    "  if (cache.count(x.numel())) return cache[x.numel()];\n"
                    "  at::Tensor y = at::empty_like(x);\n  cache[x.numel()] = y;\n",
                    tests="test_scale and block", expect="elements wrong"),
+    # Output placement (issue 11, class 1): axpy accumulates into y's memory and returns y. Its values are
+    # right; the reference, computed from y after the call, is not, so only the input check names the bug.
+    harness.Mutant("writes-into-input", "wrapper.cpp", "  at::Tensor out = at::empty_like(x);\n",
+                   "  at::Tensor out = y;  // reuse y's memory\n", tests="test_axpy and block",
+                   expect="wrote into its input `y`"),
     harness.Mutant("no-shape-check", "wrapper.cpp", '  course::check_same_shape(x, y, "axpy", "x", "y");\n', "",
                    tests="axpy_input_errors", expect="expected a clear error"),
 ]

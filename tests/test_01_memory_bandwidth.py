@@ -126,6 +126,22 @@ def test_copy(copy, shape, blocks):
 
 
 @requires_gpu
+@pytest.mark.large
+@pytest.mark.parametrize("copy", copy_params())
+def test_copy_past_2_31_elements(copy, gpu_memory):
+    """2^31 + 33 floats, starting 1 float past an aligned address (so the vectorized copy has a head,
+    vectors and a tail): an int index wraps at 2^31, so every index and grid-stride step must be int64."""
+    gpu_memory(20)
+    fn, _ = COPIES[copy]
+    n = harness.PAST_INT32
+    src = torch.randn(n + 1, device="cuda")[1:]
+    dst = torch.full((n + 1,), float("nan"), device="cuda")[1:]
+    fn(dst, src, 0)
+    harness.check.assert_ends_close(dst, lambda part: src[part].double(), tol=EXACT, case=f"copy_{copy} of {n} floats",
+                                    hint=HINTS[copy] + "; index with int64_t")
+
+
+@requires_gpu
 @pytest.mark.parametrize("stride", [1, 2, 8, 32, 33, 5000])
 @pytest.mark.parametrize("n", [1, 31, 4097, 2**20 + 3])
 @harness.tasks("lab01.2")

@@ -161,6 +161,25 @@ def test_transpose(kernel, shape):
 
 
 @requires_gpu
+@pytest.mark.large
+@pytest.mark.parametrize("kernel", kernel_params())
+def test_transpose_past_2_31_elements(kernel, gpu_memory):
+    """A 65537 x 32769 matrix, 2^31 + 98305 floats: element offsets (row * cols + col) pass 2^31, so the
+    kernels must compute them in int64 (tile indices alone fit in int)."""
+    gpu_memory(20)
+    rows, cols = 2**16 + 1, 2**15 + 1
+    x = torch.randn(rows, cols, device="cuda")
+    out = run(kernel, x)
+
+    def reference_of(part):  # out[r, c] = x[c, r] at out's flat indices part
+        index = torch.arange(part.start, part.stop, device="cuda")
+        return x[index % rows, index // rows].double()
+
+    harness.check.assert_ends_close(out, reference_of, tol=tolerance(FP32), tile=tile_shape(), hint=HINT,
+                                    case=f"{kernel}_transpose of {rows}x{cols} fp32")
+
+
+@requires_gpu
 @pytest.mark.parametrize("kernel", kernel_params("tiled", "padded"))
 def test_transpose_repeatedly(kernel):
     """Races show up now and then: many tiles, several runs, each compared in full."""
@@ -218,14 +237,13 @@ def test_empty_input(shape):
 
 
 @requires_gpu
-@harness.tasks(*KERNELS["padded"])
-def test_runs_on_current_stream():
-    """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
+@pytest.mark.parametrize("kernel", kernel_params())
+def test_runs_on_current_stream(kernel):
+    """Every kernel must run on PyTorch's current stream: checked by capturing it in a CUDA graph."""
     source = random_tensor((4, 512, 768), FP32)
-    out = LAB.capture_on_current_stream(lambda: LAB.module.padded_transpose(source), inputs=source,
-                                        case="padded_transpose")
-    LAB.assert_close(out, transposed(source), case="padded_transpose replayed from a CUDA graph", tol=tolerance(FP32),
-                     tile=tile_shape(), hint=harness.STREAM_HINT)
+    out = LAB.capture_on_current_stream(lambda: run(kernel, source), inputs=source, case=f"{kernel}_transpose")
+    LAB.assert_close(out, transposed(source), case=f"{kernel}_transpose replayed from a CUDA graph",
+                     tol=tolerance(FP32), tile=tile_shape(), hint=harness.STREAM_HINT)
 
 
 @requires_gpu

@@ -212,6 +212,32 @@ def test_sum_is_bitwise_deterministic(n, dtype):
 
 
 @requires_gpu
+@pytest.mark.large
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@harness.tasks(*SUM_TASKS)
+def test_sum_past_2_31_elements(dtype, gpu_memory):
+    """2^31 + 33 elements: the grid-stride loop's index and step, and the tail's start, must be int64."""
+    gpu_memory(32)
+    x = random_tensor((harness.PAST_INT32,), dtype)
+    for name in ("sum", "sum_atomic"):
+        out = getattr(LAB.module, name)(x)
+        check_sum(out, x, sum_case(name, x, 0, dtype) + "; index with int64_t")
+
+
+@requires_gpu
+@pytest.mark.large
+@harness.tasks("lab03.1", "lab03.4")
+def test_row_stats_past_2_31_elements(gpu_memory):
+    """(2^21 + 1) rows of 1024 floats: row * cols passes 2^31 in the last rows."""
+    gpu_memory(20)
+    rows, cols = 2**21 + 1, 1024
+    x = random_tensor((rows, cols), FP32) * 3
+    m, s = LAB.module.row_stats(x)
+    for where, part in (("first", slice(0, 64)), ("last", slice(rows - 64, rows))):
+        check_row_stats(m[part], s[part], x[part], f"row_stats of {rows}x{cols} fp32, its {where} 64 rows")
+
+
+@requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
 @pytest.mark.parametrize("n", [1, 33, 4097, pytest.param(2**24 + 3, marks=LARGE)])
 @harness.tasks(*SUM_TASKS)
@@ -307,12 +333,27 @@ def test_row_stats_input_errors():
 @requires_gpu
 @harness.tasks(harness.ALL)  # the sum, and row_stats with a warp per row
 def test_runs_on_current_stream():
-    """The kernels must run on PyTorch's current stream: checked by capturing them in a CUDA graph."""
+    """Every op must run on PyTorch's current stream (its kernels, and sum_atomic's memset of the output):
+    checked by capturing them all in one CUDA graph and replaying it on fresh inputs."""
     source = random_tensor((1024, 1000), FP32)
-    total, (m, s) = LAB.capture_on_current_stream(lambda: (LAB.module.sum(source), LAB.module.row_stats(source)),
-                                                  inputs=source, case="sum and row_stats")
-    check_sum(total, source, "sum replayed from a CUDA graph (" + harness.STREAM_HINT + ")")
-    check_row_stats(m, s, source, "row_stats replayed from a CUDA graph (" + harness.STREAM_HINT + ")")
+    wide = random_tensor((64, 4097), FP32)  # a block per row
+
+    def run_all():
+        flat = source.view(-1)
+        return {"sum": LAB.module.sum(source), "sum_atomic": LAB.module.sum_atomic(source),
+                "warp_sums": LAB.module.warp_sums(flat), "warp_maxes": LAB.module.warp_maxes(flat),
+                "row_stats": LAB.module.row_stats(source), "row_stats (a block per row)": LAB.module.row_stats(wide)}
+
+    outs = LAB.capture_on_current_stream(run_all, inputs=(source, wide), case="every op of the lab")
+    replayed = " replayed from a CUDA graph (" + harness.STREAM_HINT + ")"
+    check_sum(outs["sum"], source, "sum" + replayed)
+    check_sum(outs["sum_atomic"], source, "sum_atomic" + replayed)
+    segments = source.double().view(-1, constants()["warp_size"])
+    for name, ref in (("warp_sums", segments.sum(1)), ("warp_maxes", segments.amax(1))):
+        LAB.assert_close(outs[name], ref, case=name + replayed, tol=tolerance(FP32, constants()["warp_size"]),
+                         hint=WARP_HINT)
+    check_row_stats(*outs["row_stats"], source, "row_stats" + replayed)
+    check_row_stats(*outs["row_stats (a block per row)"], wide, "row_stats of 4097 columns" + replayed)
 
 
 # ---------------------------------------------------------------- GPU: speed

@@ -120,6 +120,19 @@ def test_refuses_cpu_tensors():
                               case="matmul(a, b on the CPU)")
 
 
+@requires_gpu
+@harness.reference_check  # the wrapper's size check is given
+def test_refuses_2_31_elements():
+    """The ladder's kernels index with int: C of 46341 x 46341 (2^31 + 4633 elements) must be refused
+    before anything is allocated (A and B here are 46341 x 1 and 1 x 46341: 362 KiB)."""
+    n = 46341
+    a, b = torch.ones(n, 1, device="cuda"), torch.ones(1, n, device="cuda")
+    before = torch.cuda.memory_allocated()
+    LAB.assert_raises_clearly(lambda: LAB.module.matmul(a, b, 7), must_mention=("2^31",),
+                              case=f"matmul of {n}x1 by 1x{n} (C past 2^31 elements)")
+    assert torch.cuda.memory_allocated() == before, "matmul allocated memory before refusing the size"
+
+
 @pytest.mark.parametrize("kernel", [0, 8, -1])
 @harness.reference_check
 def test_refuses_unknown_kernel(kernel):

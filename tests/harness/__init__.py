@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from . import build as _build
-from . import check, perf, trees
+from . import calls, check, perf, trees
 from .check import GradeFailure, poison_allocator, poisoned, random_tensor, tolerance
 from .mutants import Mutant
 from .todos import ALL, reference_check, tasks
@@ -38,20 +38,27 @@ class LabHandle:
     def __init__(self, number: str):
         self.lab = trees.find_lab(number)
         self.tree = trees.resolve_tree()
+        self._checked = None
 
     @property
     def module(self):
-        """The built lab (harness.build caches the module, or the build's failure, per process)."""
-        try:
-            return _build.build(self.lab, self.tree)
-        except Exception as error:  # nvcc/g++/ninja failures arrive as RuntimeError with the log
-            text = str(error)
-            first = [line for line in text.splitlines() if _COMPILER_ERROR.search(line)][:8]
-            detail = "\n    ".join(first) if first else text[-2000:]
-            raise GradeFailure(
-                f"lab {self.lab.name} ({self.tree.path}) did not build:\n    {detail}\n"
-                f"  hint: run `./course build {self.lab.number} --impl {self.tree.path}` for the full compiler output"
-            ) from None
+        """The built lab, its functions checked on every call (harness.calls: inputs left unchanged,
+        outputs on the inputs' device and contiguous). harness.build caches the module, or the
+        build's failure, per process."""
+        if self._checked is None:
+            try:
+                raw = _build.build(self.lab, self.tree)
+            except Exception as error:  # nvcc/g++/ninja failures arrive as RuntimeError with the log
+                text = str(error)
+                first = [line for line in text.splitlines() if _COMPILER_ERROR.search(line)][:8]
+                detail = "\n    ".join(first) if first else text[-2000:]
+                raise GradeFailure(
+                    f"lab {self.lab.name} ({self.tree.path}) did not build:\n    {detail}\n"
+                    f"  hint: run `./course build {self.lab.number} --impl {self.tree.path}` "
+                    "for the full compiler output"
+                ) from None
+            self._checked = calls.CheckedModule(raw, self.lab.name)
+        return self._checked
 
     def assert_close(self, out, ref, *, case, tol, **kw) -> float:
         return check.assert_close(out, ref, case=case, tol=tol, **kw)
@@ -100,6 +107,18 @@ class LabHandle:
         return perf.perf_case(lab=self.lab.name, is_reference=self.tree.is_reference, **kw)
 
 
+# More than 2^31 elements: the size at which a 32-bit index wraps (class 4 of the grader's bugs).
+PAST_INT32 = 2**31 + 33
+
+
+def require_gpu_memory(gib: float) -> None:
+    """Skip (with the reason) on a GPU without `gib` GiB free: the past-2^31 cases need 8-30 GiB."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < gib * 2**30:
+        pytest.skip(f"needs {gib:.0f} GiB of free GPU memory for a tensor of more than 2^31 elements; "
+                    f"this GPU has {free / 2**30:.0f} GiB free")
+
+
 def _tensors(value):
     """Every tensor in a tensor, or a (nested) tuple, list or dict of them."""
     if isinstance(value, torch.Tensor):
@@ -117,6 +136,7 @@ def lab(number: str) -> LabHandle:
 
 
 __all__ = [
-    "ALL", "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned", "random_tensor",
-    "reference_check", "requires_gpu", "STREAM_HINT", "tasks", "tolerance", "trees", "perf", "check",
+    "ALL", "PAST_INT32", "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned",
+    "random_tensor", "reference_check", "require_gpu_memory", "requires_gpu", "STREAM_HINT", "tasks", "tolerance",
+    "trees", "perf", "check",
 ]

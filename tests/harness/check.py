@@ -142,3 +142,51 @@ def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str) -> st
             ) from None
         return text
     raise GradeFailure(f"{case}: expected a clear error, but the call returned normally")
+
+
+def assert_flash_rule(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tensor, *, case: str, k: float = 2.0,
+                      hint: str = "") -> float:
+    """The rule flash-attention's tests use for 16-bit outputs (SYLLABUS §4); returns the worst error.
+
+    `golden` is the float64 result from the same (already rounded) inputs; `reference` is what PyTorch
+    computes in the output's own dtype. The worst |out - golden| may be at most k times the
+    reference's worst |reference - golden|, plus the golden's own rounding noise (the worst error of
+    rounding it once to the output dtype): a kernel may be as inexact as PyTorch's own 16-bit path,
+    with room for a different summation order, and no more. A per-element tolerance wide enough for
+    16-bit rounding lets a small systematic error through (a constant 1% off, a 16-bit accumulator);
+    this bound is set by what the dtype can do, measured, not by a guess at it.
+    """
+    got = out.detach().to(torch.float64)
+    want = golden.detach().to(torch.float64).to(got.device)
+    ref_error = (reference.detach().to(torch.float64).to(got.device) - want).abs().max().item()
+    noise = (want.to(out.dtype).to(torch.float64) - want).abs().max().item()
+    bound = k * ref_error + noise
+    error = (got - want).abs()
+    worst = error.nan_to_num(float("inf")).max().item() if error.numel() else 0.0
+    if worst <= bound:
+        return worst
+    over = ~(error <= bound)
+    first = int(over.flatten().nonzero()[0].item())
+    dtype = str(out.dtype).replace("torch.", "")
+    lines = [
+        f"{case}: worst error {worst:.3g} against the float64 golden is above the flash-attention bound {bound:.3g} "
+        f"= {k:g} x PyTorch's own {dtype} error ({ref_error:.3g}) + the golden's rounding to {dtype} ({noise:.3g})",
+        f"  {int(over.sum().item())} of {out.numel()} elements over the bound; the first at "
+        f"{_where(first, tuple(out.shape), None, None)}: got {got.flatten()[first].item():.6g}, "
+        f"golden {want.flatten()[first].item():.6g}",
+    ]
+    if hint:
+        lines.append(f"  hint: {hint}")
+    raise GradeFailure("\n".join(lines))
+
+
+def assert_ends_close(out: torch.Tensor, reference_of, *, case: str, tol: float, count: int = 4097, **kw) -> None:
+    """For an output of more than 2^31 elements, where a float64 copy of the whole would not fit:
+    compare its first and last `count` elements (in flat order) with `reference_of(flat_slice)`, the
+    float64 reference of just those elements. A 32-bit index wraps past element 2^31 - 1: the last
+    elements then were never written, or were written over the first ones."""
+    flat = out.reshape(-1)
+    n = flat.numel()
+    for where, part in (("first", slice(0, min(count, n))), ("last", slice(max(0, n - count), n))):
+        assert_close(flat[part], reference_of(part), case=f"{case}: its {where} {part.stop - part.start} elements "
+                     f"(flat {part.start} .. {part.stop - 1})", tol=tol, **kw)
