@@ -260,6 +260,12 @@ MUTANTS = [
     harness.Mutant("writes-into-input", "wrapper.cpp", "  at::Tensor out = at::empty_like(x);\n",
                    "  at::Tensor out = y;  // reuse y's memory\n", tests="test_axpy and block",
                    expect="wrote into its input `y`"),
+    # Device guard (issue 11, class 8): with x and y on cuda:1 and cuda:0 current, axpy launches on
+    # cuda:0's stream with cuda:1's pointers. On two H200s (2026-11-22) that ran without an error and
+    # wrote garbage: a silent wrong answer. One GPU cannot show it, so the case needs two.
+    harness.Mutant("no-device-guard", "wrapper.cpp",
+                   "  const c10::cuda::CUDAGuard device_guard(x.device());\n  at::Tensor out = at::empty_like(x);\n",
+                   "  at::Tensor out = at::empty_like(x);\n", tests="another_gpu", expect="device_guard", gpus=2),
     harness.Mutant("no-shape-check", "wrapper.cpp", '  course::check_same_shape(x, y, "axpy", "x", "y");\n', "",
                    tests="axpy_input_errors", expect="expected a clear error"),
 ]

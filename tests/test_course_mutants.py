@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
 
 from harness import HAS_GPU, NO_GPU_REASON, mutants, trees
 
@@ -14,7 +15,9 @@ def _cases():
             continue
         module = importlib.import_module(lab.test_file.stem)
         for mutant in getattr(module, "MUTANTS", []):
-            marks = [pytest.mark.skipif(mutant.needs_gpu and not HAS_GPU, reason=NO_GPU_REASON)]
+            marks = [pytest.mark.skipif(mutant.needs_gpu and not HAS_GPU, reason=NO_GPU_REASON),
+                     pytest.mark.skipif(HAS_GPU and torch.cuda.device_count() < mutant.gpus,
+                                        reason=f"needs {mutant.gpus} GPUs to show this bug; this machine has fewer")]
             yield pytest.param(lab, mutant, id=f"{lab.number}-{mutant.name}", marks=marks)
 
 

@@ -29,6 +29,7 @@ class Mutant:
     expect: str  # a phrase that must appear in some failure message
     needs_gpu: bool = True  # False when a CPU-side test catches it (also run in CI)
     perf: bool = False  # True when only a perf test can catch it (a slow, correct variant)
+    gpus: int = 1  # GPUs needed to show the bug (a missing device guard needs two)
 
 
 def plant(lab: trees.Lab, root: trees.Path, edits: list[tuple[str, str, str]], source: str = "solutions") -> trees.Path:
