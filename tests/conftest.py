@@ -38,6 +38,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "large: a case too big for compute-sanitizer (./course sanitize skips it)")
     config.addinivalue_line("markers", "tma_output: the output is written by TMA stores, which compute-sanitizer's "
                             "initcheck does not track (./course sanitize runs it under the other tools)")
+    config.addinivalue_line("markers", "sanitize: one of the few small cases `./course grade` runs under "
+                            "compute-sanitizer by default (from the grader's SANITIZE_CASES)")
     config.addinivalue_line("markers", f"{todos.MARK}(*ids): the student tasks (TODO ids) this test grades")
     config.addinivalue_line("markers", f"{todos.REFERENCE_MARK}: checks code the student is given, not a TODO")
 
@@ -47,6 +49,8 @@ def pytest_collection_modifyitems(items):
         lab = todos.lab_of(item)
         if lab:
             item.add_marker(getattr(pytest.mark, lab.marker))
+            if any(re.fullmatch(pattern, item.name) for pattern in getattr(item.module, "SANITIZE_CASES", ())):
+                item.add_marker(pytest.mark.sanitize)
             if lab.name not in _points:
                 _points[lab.name] = dict(getattr(item.module, "POINTS", {}))
 

@@ -229,3 +229,31 @@ def test_doctor_explains_each_failure(broken, check, fix):
     results = _doctor(**broken)
     ok, detail = results[check]
     assert not ok and fix in detail, f"{check}: {detail}"
+
+
+# ---------------------------------------------------------------- the quick compute-sanitizer pass of `grade`
+RACE = ("reduce.cuh", "  __syncthreads();  // every warp's result is in shared memory before any warp reads them\n", "")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+def test_grade_runs_the_quick_sanitizer_pass_and_fails_a_race(tmp_path):
+    """`./course grade` on a GPU runs memcheck, racecheck and synccheck over the grader's SANITIZE_CASES:
+    the reference is clean, and a block reduce whose warps read shared memory before every warp has
+    written it fails the lab with racecheck's own report (the comparison alone passes it on most runs)."""
+    lab = trees.find_lab("03")
+    reports = {}
+    for name, edits in (("reference", []), ("race", [RACE])):
+        root = mutants.plant(lab, tmp_path / name, edits)
+        out = tmp_path / f"{name}.json"
+        run = subprocess.run([COURSE, "grade", "03", "--impl", str(root), "--json", str(out)], capture_output=True,
+                             text=True, timeout=900)
+        assert out.exists(), f"grade wrote no report:\n{run.stdout[-3000:]}"
+        reports[name] = (json.loads(out.read_text())["results"][0], run.stdout)
+    clean, output = reports["reference"]
+    assert [r["tool"] for r in clean.get("sanitizer", [])] == ["memcheck", "racecheck", "synccheck"], output[-2000:]
+    assert not clean.get("error"), f"the reference failed the quick sanitizer pass: {clean.get('error')}"
+    per_tool = ", ".join(f"{row['tool']} {row['seconds']:.0f} s" for row in clean["sanitizer"])
+    print(f"quick sanitizer pass over lab 03's reference: {clean['sanitizer_seconds']} s ({per_tool})")
+    race, output = reports["race"]
+    assert "racecheck" in (race.get("error") or ""), f"the race was not reported by racecheck:\n{output[-3000:]}"
+    assert "Race reported" in race["error"] or "hazard" in race["error"].lower(), race["error"]

@@ -282,3 +282,16 @@ def test_notebooks_clone_the_repository_the_site_names():
             notebook = lab.dir_in(trees.resolve_tree(tree)) / f"{lab.name}.ipynb"
             assert f'"{repo_url}"' in notebook.read_text().replace('\\"', '"'), (
                 f"{notebook.relative_to(trees.ROOT)} does not clone {repo_url} (mkdocs.yml repo_url)")
+
+
+@pytest.mark.parametrize("lab", trees.all_labs(), ids=lambda lab: lab.name)
+def test_every_sanitize_case_names_a_test(lab):
+    """Each pattern of a grader's SANITIZE_CASES (the quick compute-sanitizer pass of `grade`) matches a test."""
+    module = importlib.import_module(lab.test_file.stem)
+    patterns = getattr(module, "SANITIZE_CASES", [])
+    assert patterns, f"{lab.test_file.name} has no SANITIZE_CASES: `grade` would run no case under compute-sanitizer"
+    run = subprocess.run([sys.executable, "-m", "pytest", str(lab.test_file), "--co", "-q", "-p", "no:cacheprovider"],
+                         cwd=trees.ROOT, capture_output=True, text=True, timeout=300)
+    names = [line.split("::", 1)[1] for line in run.stdout.splitlines() if "::" in line]
+    unmatched = [p for p in patterns if not any(re.fullmatch(p, name) for name in names)]
+    assert not unmatched, f"{lab.test_file.name}: SANITIZE_CASES patterns that match no test: {unmatched}"

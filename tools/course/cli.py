@@ -65,8 +65,7 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
             continue
         results.append(run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose,
                                      lab=lab, deadline_s=args.deadline, seed=args.seed))
-        if getattr(args, "sanitize", False):
-            _sanitize_into(python, results[-1], lab, impl)
+        _sanitize_as_asked(args, python, results[-1], lab, impl)
     totals = report.print_summary(results, verbose=args.verbose)
     if getattr(args, "json", None):
         report.write_json(Path(args.json), {"impl": impl, "results": results})
@@ -78,13 +77,29 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
     return 0 if report.all_passed(totals) else 1
 
 
-def _sanitize_into(python: str, result: dict, lab, impl: str) -> None:
-    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number)
+def _sanitize_as_asked(args, python: str, result: dict, lab, impl: str) -> None:
+    """`grade --sanitize`: the four tools over every correctness case. `grade` on a GPU, unless
+    --no-sanitize: the quick pass (memcheck, racecheck, synccheck over the grader's SANITIZE_CASES),
+    which finds the out-of-bounds writes and races that leave every compared element right."""
+    if getattr(args, "sanitize", False):
+        _sanitize_into(python, result, lab, impl, quick=False)
+    elif getattr(args, "quick_sanitize", False) and not result.get("error") and runner.sanitizer_available():
+        built = [t for t in result.get("tests", []) if t["name"] == "test_builds"]
+        if built and built[0]["outcome"] == "passed":
+            _sanitize_into(python, result, lab, impl, quick=True)
+
+
+def _sanitize_into(python: str, result: dict, lab, impl: str, *, quick: bool) -> None:
+    tools = runner.QUICK_TOOLS if quick else runner.SANITIZER_TOOLS
+    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick)
     result["sanitizer"] = rows
-    dirty = [r["tool"] for r in rows if not runner.is_clean(r)]
+    result["sanitizer_seconds"] = round(sum(r["seconds"] for r in rows), 1)
+    dirty = [r for r in rows if not runner.is_clean(r)]
     if dirty:
-        result["error"] = (f"compute-sanitizer found problems with {', '.join(dirty)}: "
-                           f"run ./course sanitize {lab.number} --impl {impl} for the findings")
+        lines = [f"compute-sanitizer {r['tool']}: {r['findings'][0] if r['findings'] else r['process_error'] or ''}"
+                 for r in dirty]
+        result["error"] = ("\n  ".join(lines) + f"\n  hint: ./course sanitize {lab.number} --impl {impl} "
+                           f"--tool {dirty[0]['tool']} lists every finding with its thread and block")
 
 
 def _gradescope_out(args) -> Path:
@@ -133,8 +148,7 @@ def _grade_submissions(args) -> int:
                 continue
             results.append(run_lab_tests(python, [lab.test_file], str(submission), f"{submission.name}-{lab.name}",
                                          verbose=args.verbose, lab=lab, deadline_s=args.deadline, seed=args.seed))
-            if args.sanitize:
-                _sanitize_into(python, results[-1], lab, str(submission))
+            _sanitize_as_asked(args, python, results[-1], lab, str(submission))
         everything[submission.name] = results
         for result in results:
             rows.append(report.csv_row(submission.name, result))
@@ -336,7 +350,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int,
                    help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p.add_argument("--sanitize", action="store_true",
-                   help="also run compute-sanitizer's four tools; findings fail the lab")
+                   help="run compute-sanitizer's four tools over every correctness case; findings fail the lab")
+    p.add_argument("--no-sanitize", dest="quick_sanitize", action="store_false",
+                   help="skip the quick compute-sanitizer pass (memcheck, racecheck, synccheck on a few small "
+                        "cases) that grading on a GPU runs by default; its findings fail the lab")
     p = add("sanitize",
             "run a lab's correctness cases under compute-sanitizer memcheck, racecheck, synccheck, initcheck",
             cmd_sanitize)

@@ -121,6 +121,12 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
         for case in result.get("perf", []):
             print(f"  perf: {case['name']}: {case['ratio']:.2f}x {case['baseline_name']} "
                   f"(student bar {case['student_bar']:.2f}x, reference target {case['target']:.2f}x)")
+        if result.get("sanitizer"):
+            rows = result["sanitizer"]
+            clean = [r["tool"] for r in rows if runner.is_clean(r)]
+            print(f"  compute-sanitizer over {rows[0]['tests']} case(s) in {result.get('sanitizer_seconds', 0):.0f} s: "
+                  + (f"{', '.join(clean)} clean" if clean else "no tool clean")
+                  + ("" if len(clean) == len(rows) else "; findings above"))
         print(f"  log: {result['log']}")
     if totals["reference_passed"] + totals["reference_failed"] + totals["reference_skipped"]:
         print(f"\n{REFERENCE_LABEL}: {totals['reference_passed']} passed, {totals['reference_failed']} failed, "

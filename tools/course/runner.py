@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,6 +32,11 @@ SANITIZE_SELECTION = ["-m", _SANITIZE_MARKERS, "-k", _SANITIZE_KEYWORDS]
 # outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
 # under the other three tools only.
 INITCHECK_SELECTION = ["-m", f"{_SANITIZE_MARKERS} and not tma_output", "-k", _SANITIZE_KEYWORDS]
+# The quick pass `./course grade` runs by default on a GPU: the grader's SANITIZE_CASES (a few small
+# edge cases per kernel, marker `sanitize`) under the three tools that find what a comparison misses:
+# out-of-bounds accesses (memcheck), shared-memory races (racecheck), barriers in divergent code (synccheck).
+QUICK_TOOLS = ("memcheck", "racecheck", "synccheck")
+QUICK_SELECTION = ["-m", f"sanitize and {_SANITIZE_MARKERS}", "-k", _SANITIZE_KEYWORDS]
 # PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
 # just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
 # caching every tensor is its own allocation, and memcheck catches an access one element out.
@@ -115,30 +121,52 @@ def is_clean(row: dict) -> bool:
     return row["ran"] and not row["errors"] and not row["process_error"]
 
 
+def sanitizer_available() -> bool:
+    """compute-sanitizer on the PATH and a GPU the driver sees."""
+    if not shutil.which("compute-sanitizer") or not shutil.which("nvidia-smi"):
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
 def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
-             deadline_s: int = 1800) -> list[dict]:
-    """Each compute-sanitizer tool over the lab's correctness cases; one row per tool."""
+             deadline_s: int = 1800, quick: bool = False) -> list[dict]:
+    """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool."""
     rows = []
     for tool in tools:
-        label = f"sanitize-{lab_number}-{tool}"
+        label = f"sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
+        selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
         result = run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
-                            deadline_s=deadline_s,
-                            pytest_args=INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION,
-                            wrapper=wrapper, extra_env=SANITIZE_ENV)
+                            deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV)
         log_text = Path(result["log"]).read_text(errors="replace")
         counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
         summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
-        # The headline of each report: "========= Invalid __global__ write of size 4 bytes", not its
-        # indented detail lines (thread, address, host frames); each distinct headline once.
-        findings = list(dict.fromkeys(
-            line.strip() for line in log_text.splitlines()
-            if re.match(r"========= \S", line) and "SUMMARY" not in line and "COMPUTE-SANITIZER" not in line))
         tests = result.get("tests", [])
         rows.append({"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
-                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings[:10],
+                     "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings_of(log_text)[:10],
                      "summaries": summaries[:4],
                      "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]})
     return rows
+
+
+def findings_of(log_text: str) -> list[str]:
+    """Each distinct report of a compute-sanitizer log, as its headline ("Invalid __global__ write of size
+    4 bytes", "Error: Race reported between Write access at ... reduce.cuh:115 ...") with its first
+    source location ("at kernel+0x1b0 in file.cu:23") when the headline has none: the tool's own words."""
+    lines = log_text.splitlines()
+    findings = []
+    for index, line in enumerate(lines):
+        if not re.match(r"========= \S", line) or "SUMMARY" in line or "COMPUTE-SANITIZER" in line:
+            continue
+        headline = line.removeprefix("=========").strip()
+        if not re.search(r"\S+:\d+", headline):
+            for detail in lines[index + 1:index + 6]:
+                where = re.match(r"=========\s+at (.*)", detail)
+                if where:
+                    headline += f" (at {where.group(1).strip()})"
+                    break
+        if headline not in findings:
+            findings.append(headline)
+    return findings
