@@ -88,7 +88,8 @@ class CheckedModule:
         names = parameter_names(attr)
 
         def checked(*args, **kwargs):
-            if not _enabled[0] or torch.cuda.is_current_stream_capturing():
+            # (CUDA not initialized: no capture can be under way, and asking would initialize it.)
+            if not _enabled[0] or (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
                 return attr(*args, **kwargs)
             named = list(zip(names, args)) if names else [(f"argument {i}", a) for i, a in enumerate(args)]
             named += list(kwargs.items())

@@ -57,6 +57,11 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
     # A submission lives outside the course: tell the notebook where include/ and build/ are,
     # so it neither fails to find the course headers nor writes into the submission.
     os.environ["COURSE_ROOT"] = str(trees.ROOT)
+    # ...and where the grader built this lab, so the notebook's load() reuses that build.
+    from . import build, jit
+
+    os.environ[jit.BUILD_DIR_ENV] = str(lab.build_dir(tree))
+    os.environ[jit.MODULE_ENV] = build.module_name(lab, tree)
     client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     try:
