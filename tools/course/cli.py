@@ -10,6 +10,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,21 +78,24 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
     return 0 if report.all_passed(totals) else 1
 
 
-def _sanitize_as_asked(args, python: str, result: dict, lab, impl: str) -> None:
+def _sanitize_as_asked(args, python: str, result: dict, lab, impl: str, *, label_prefix: str = "",
+                       quiet: bool = False) -> None:
     """`grade --sanitize`: the four tools over every correctness case. `grade` on a GPU, unless
     --no-sanitize: the quick pass (memcheck, racecheck, synccheck over the grader's SANITIZE_CASES),
     which finds the out-of-bounds writes and races that leave every compared element right."""
     if getattr(args, "sanitize", False):
-        _sanitize_into(python, result, lab, impl, quick=False)
+        _sanitize_into(python, result, lab, impl, quick=False, label_prefix=label_prefix, quiet=quiet)
     elif getattr(args, "quick_sanitize", False) and not result.get("error") and runner.sanitizer_available():
         built = [t for t in result.get("tests", []) if t["name"] == "test_builds"]
         if built and built[0]["outcome"] == "passed":
-            _sanitize_into(python, result, lab, impl, quick=True)
+            _sanitize_into(python, result, lab, impl, quick=True, label_prefix=label_prefix, quiet=quiet)
 
 
-def _sanitize_into(python: str, result: dict, lab, impl: str, *, quick: bool) -> None:
+def _sanitize_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_prefix: str = "",
+                   quiet: bool = False) -> None:
     tools = runner.QUICK_TOOLS if quick else runner.SANITIZER_TOOLS
-    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick)
+    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick,
+                           label_prefix=label_prefix, quiet=quiet)
     result["sanitizer"] = rows
     result["sanitizer_seconds"] = round(sum(r["seconds"] for r in rows), 1)
     dirty = [r for r in rows if not runner.is_clean(r)]
@@ -121,6 +125,9 @@ def cmd_grade(args) -> int:
         return 2
     if args.all:
         return _grade_submissions(args)
+    if args.jobs or args.shard:
+        print("grade: --jobs and --shard grade a class: add --all (and --impl DIR_OF_SUBMISSIONS)")
+        return 2
     if not args.labs:
         print("grade: name a lab (./course grade 00), several, or --all with --impl DIR_OF_SUBMISSIONS")
         return 2
@@ -133,35 +140,158 @@ def _grade_submissions(args) -> int:
     if not submissions:
         print(f"grade --all: {folder} holds no submission folders")
         return 2
+    shard_tag = None
+    if args.shard:
+        index, count = args.shard
+        shard_tag = f"{index}/{count}"
+        chosen = runner.shard(submissions, index, count, key=lambda path: path.name)
+        names = ", ".join(path.name for path in chosen[:4]) + (", ..." if len(chosen) > 4 else "")
+        print(f"[course] shard {shard_tag}: {len(chosen)} of the {len(submissions)} submissions (sorted by name, "
+              f"round-robin: the {index}{_ordinal(index)}, then every {count}{_ordinal(count)}){': ' if chosen else ''}"
+              f"{names}", flush=True)
+        submissions = chosen
     gradescope = args.format == "gradescope"
-    gradescope_dir = Path(args.out) if args.out else trees.BUILD / "gradescope"
-    rows, everything = [], {}
     python = env.python_for("test")
-    for submission in submissions:
-        # Every lab the student handed in; with --format gradescope every lab named on the command
-        # line, handed in or not (a missing one fails to build and scores 0 on each of its tasks).
-        labs = [lab for lab in _labs_for(args.labs)
-                if (submission / lab.name).is_dir() or (gradescope and args.labs)]
-        results = []
-        for lab in labs:
-            if not lab.test_file.exists():
-                continue
-            results.append(run_lab_tests(python, [lab.test_file], str(submission), f"{submission.name}-{lab.name}",
-                                         verbose=args.verbose, lab=lab, deadline_s=args.deadline, seed=args.seed))
-            _sanitize_as_asked(args, python, results[-1], lab, str(submission))
-        everything[submission.name] = results
-        for result in results:
-            rows.append(report.csv_row(submission.name, result))
-        if gradescope:
-            report.write_json(gradescope_dir / submission.name / "results.json", report.gradescope(results))
-    out = Path(args.json or (trees.BUILD / "grades.json"))
+    # Every lab the student handed in; with --format gradescope every lab named on the command
+    # line, handed in or not (a missing one fails to build and scores 0 on each of its tasks).
+    plan = {submission: [lab for lab in _labs_for(args.labs)
+                         if lab.test_file.exists() and ((submission / lab.name).is_dir() or (gradescope and args.labs))]
+            for submission in submissions}
+    runs = sum(len(labs) for labs in plan.values())
+    jobs, rule = (args.jobs, "--jobs") if args.jobs else runner.default_jobs()
+    workers = min(jobs, runs)
+    if workers > 1:
+        everything = _grade_concurrently(args, python, plan, workers, f"--jobs {jobs}" if args.jobs else
+                                         f"--jobs {jobs}, the default: {rule}, at most {runner.MAX_DEFAULT_JOBS}")
+    else:
+        everything = {}
+        for submission, labs in plan.items():
+            results = everything[submission.name] = []
+            for lab in labs:
+                results.append(run_lab_tests(python, [lab.test_file], str(submission),
+                                             f"{submission.name}-{lab.name}", verbose=args.verbose, lab=lab,
+                                             deadline_s=args.deadline, seed=args.seed))
+                _sanitize_as_asked(args, python, results[-1], lab, str(submission),
+                                   label_prefix=f"{submission.name}-{lab.name}-")
+    if shard_tag:  # `report merge` checks that the shards it gets are one split, and complete
+        for results in everything.values():
+            for result in results:
+                result["shard"] = shard_tag
+    default = f"grades-shard-{args.shard[0]}-of-{args.shard[1]}.json" if args.shard else "grades.json"
+    _write_class(Path(args.json or (trees.BUILD / default)), everything,
+                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if gradescope else None)
+    return 0
+
+
+def _ordinal(number: int) -> str:
+    return "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+
+
+def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -> dict[str, list[dict]]:
+    """`grade --all --jobs N`: every submission x lab through runner.run_class; results per student, in lab order."""
+    jobs = [runner.Job(student=submission.name, lab=lab.name, lab_number=lab.number, test_file=lab.test_file,
+                       impl=str(submission), seed=args.seed if args.seed is not None else trees.seed())
+            for submission, labs in plan.items() for lab in labs]
+    alone = runner.perf_alone()
+    print(f"[course] grading {len(jobs)} submission x lab runs, {workers} at a time ({why}); each build gets "
+          f"{os.environ.get('MAX_JOBS') or max(1, runner.usable_cores() // workers)} of ninja's jobs (MAX_JOBS); "
+          + ("the perf and large cases after them, one run at a time" if alone else
+             "no GPU: the perf and large cases (which skip) in the pool too"), flush=True)
+    if args.verbose:
+        print("[course] -v: each run's pytest output goes to build/logs/STUDENT-NN-slug.log (and -perf.log); "
+              "--jobs 1 shows it as it comes", flush=True)
+    labs = {lab.name: lab for labs in plan.values() for lab in labs}
+
+    def sanitize(job: runner.Job, result: dict) -> None:
+        _sanitize_as_asked(args, python, result, labs[job.lab], job.impl, label_prefix=f"{job.label}-", quiet=True)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    def interrupt(signum, frame):  # SIGTERM (scancel, a cancelled CI job) stops the runs as Ctrl-C does
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        graded = runner.run_class(python, jobs, workers=workers, deadline_s=args.deadline, alone=alone,
+                                  after=sanitize, say=say)
+    except KeyboardInterrupt:
+        print("\n[course] interrupted: the grading processes it started were stopped; nothing was written", flush=True)
+        raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    everything: dict[str, list[dict]] = {submission.name: [] for submission in plan}
+    for job, result in graded.items():
+        result["lab"] = job.lab
+        everything[job.student].append(result)
+    return everything
+
+
+def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: Path | None) -> None:
+    """A class report: the JSON (student: results), the CSV beside it, the rows on the terminal and, with
+    `gradescope_dir`, each student's Gradescope results.json under it."""
+    rows = [report.csv_row(student, result) for student, results in everything.items() for result in results]
     report.write_json(out, everything)
     report.write_csv(out.with_suffix(".csv"), rows)
     report.print_rows(rows)
-    print(f"[course] wrote {out} and {out.with_suffix('.csv')}")
-    if gradescope:
+    if gradescope_dir is not None:
+        for student, results in everything.items():
+            report.write_json(gradescope_dir / student / "results.json", report.gradescope(results))
+    print(f"[course] wrote {out} and {out.with_suffix('.csv')} ({len(everything)} student(s), {len(rows)} row(s))")
+    if gradescope_dir is not None:
         print(f"[course] wrote Gradescope's results.json of each student to {gradescope_dir}/STUDENT/results.json")
+
+
+def cmd_report_merge(args) -> int:
+    everything: dict[str, list[dict]] = {}
+    origin: dict[str, str] = {}
+    overlaps, shards, empty_files = [], {}, 0
+    for name in args.files:
+        try:
+            data = json.loads(Path(name).read_text())
+        except (OSError, ValueError) as error:
+            print(f"report merge: cannot read {name}: {error}")
+            return 2
+        if not report.is_class_report(data):
+            print(f"report merge: {name} is not a class report of ./course grade --all (a JSON object "
+                  "STUDENT: [one result per lab])")
+            return 2
+        empty_files += not any(data.values())
+        for student, results in data.items():
+            if student in origin:
+                overlaps.append(f"{student} (in {origin[student]} and {name})")
+                continue
+            origin[student] = name
+            for result in results:
+                tag = result.pop("shard", None)
+                if tag:
+                    shards.setdefault(tag, set()).add(name)
+            everything[student] = results
+    if overlaps:
+        print(f"report merge: {len(overlaps)} student(s) in more than one file: "
+              f"{'; '.join(overlaps[:10])}{'; ...' if len(overlaps) > 10 else ''}.\n"
+              "The files must be disjoint shards (./course grade --all --shard I/N, each I once, one N); "
+              "was a file given twice, or were two splits mixed?")
+        return 2
+    problem = report.shard_problem(shards, empty_files)
+    if problem:
+        print(f"report merge: {problem}" + ("" if args.partial else "\n(--partial merges them anyway)"))
+        if not args.partial:
+            return 2
+    merged = {student: everything[student] for student in sorted(everything)}
+    _write_class(Path(args.json), merged,
+                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if args.format == "gradescope" else None)
     return 0
+
+
+def cmd_report_summary(args) -> int:
+    """tools/course/summary.py over a class report, in a python that has matplotlib if one is at hand (`./course
+    setup report` installs it in the course's virtualenv); else in this one, which writes the tables, not the chart."""
+    candidates = (sys.executable, str(env.venv_python()))
+    python = next((c for c in candidates if Path(c).exists() and env._has_modules(c, env.GROUP_MODULES["report"])),
+                  sys.executable)
+    command = [python, str(HERE / "summary.py"), args.class_json, *(["-o", args.out] if args.out else [])]
+    return subprocess.run(command).returncode
 
 
 def cmd_build(args) -> int:
@@ -307,6 +437,19 @@ def cmd_doctor(args) -> int:
     return doctor.main(ROOT, trees, env, remove_locks=args.remove_locks)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        return runner.parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="./course", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -354,6 +497,44 @@ def main(argv=None) -> int:
     p.add_argument("--no-sanitize", dest="quick_sanitize", action="store_false",
                    help="skip the quick compute-sanitizer pass (memcheck, racecheck, synccheck on a few small "
                         "cases) that grading on a GPU runs by default; its findings fail the lab")
+    jobs, rule = runner.default_jobs()
+    p.add_argument("--jobs", type=_positive, metavar="N",
+                   help=f"with --all: grade N submission x lab runs at once (builds and correctness cases; each "
+                   "build gets cores/N of ninja's jobs); the perf and large cases of each run follow, one run at a "
+                   f"time, so timings stay honest. 1 grades one run after another. Default here: {jobs} ({rule}, "
+                   f"at most {runner.MAX_DEFAULT_JOBS})")
+    p.add_argument("--shard", type=_shard, metavar="I/N",
+                   help="with --all: grade only the I-th of N slices of the class (submissions sorted by name, "
+                   "round-robin: the I-th, then every N-th); the report goes to build/grades-shard-I-of-N.json "
+                   "(and .csv) unless --json says; ./course report merge joins the shards' reports")
+    p = add("report", "work on the class reports of grade --all (the JSON it writes): merge shards, summarize",
+            None)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    m = actions.add_parser(
+        "merge", help="merge the reports of grade --all --shard I/N into one class report",
+        description="Merge the JSON reports of grade --all --shard I/N (or any class reports with no student in "
+        "common) into one class report, as an unsharded grade --all writes it: the JSON, the CSV beside it and, "
+        "with --format gradescope, each student's results.json. A student in two files is an error, and so are "
+        "shards of different splits, or a shard missing.")
+    m.set_defaults(fn=cmd_report_merge)
+    m.add_argument("files", nargs="+", metavar="SHARD.json", help="the reports to merge (e.g. build/grades-shard-*)")
+    m.add_argument("-o", "--json", default=str(trees.BUILD / "grades.json"), metavar="CLASS.json",
+                   help="the class report to write, and its CSV beside it (default: build/grades.json)")
+    m.add_argument("--format", choices=("text", "gradescope"), default="text",
+                   help="gradescope: also write each student's Gradescope results.json (default: %(default)s)")
+    m.add_argument("--out", metavar="DIR", help="with --format gradescope: the folder that gets STUDENT/results.json "
+                   "(default: build/gradescope)")
+    m.add_argument("--partial", action="store_true",
+                   help="merge even when a shard is missing (the report then lacks its students)")
+    m = actions.add_parser(
+        "summary", help="the class at a glance: per task how many pass and the common failures; per student the totals",
+        description="A class at a glance from a class report (grade --all, or report merge): per task, how many "
+        "students pass it and the most common failures; per student, the points and test totals. Prints the "
+        "tables and writes CLASS-summary.md, with a pass-rate chart CLASS-summary.png when matplotlib is installed "
+        "(./course setup report).")
+    m.set_defaults(fn=cmd_report_summary)
+    m.add_argument("class_json", metavar="CLASS.json", help="the class report (e.g. build/grades.json)")
+    m.add_argument("-o", "--out", metavar="DIR", help="the folder of CLASS-summary.md and .png (default: the JSON's)")
     p = add("sanitize",
             "run a lab's correctness cases under compute-sanitizer memcheck, racecheck, synccheck, initcheck",
             cmd_sanitize)

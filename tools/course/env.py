@@ -41,6 +41,7 @@ GROUP_MODULES = {
     "docs": ("mkdocs", "material", "pymdownx"),
     "test": ("torch", "pytest", "numpy", "ninja"),
     "lint": ("ruff", "clang_format"),
+    "report": ("matplotlib",),
 }
 
 

@@ -351,6 +351,33 @@ def print_rows(rows: list[dict]) -> None:
               f"{row['skipped']:>3} skipped {row['points']:>6}/{row['max_points']:<4} points  {row['perf_ratios']}")
 
 
+def is_class_report(data) -> bool:
+    """The JSON of `grade --all`: {student: [one result per lab, each with its label and tests]}."""
+    return isinstance(data, dict) and all(
+        isinstance(results, list) and all(isinstance(r, dict) and "label" in r and "tests" in r for r in results)
+        for results in data.values())
+
+
+def shard_problem(shards: dict[str, set], empty_files: int = 0) -> str | None:
+    """What is wrong with a set of shards to merge, given each shard tag ("I/N", as `grade --all --shard`
+    records it in every result) and the files it came from, and how many files hold no result at all (a
+    shard with no student has no tag): two splits mixed, a shard twice, or a shard missing. None if sound."""
+    if not shards:
+        return None
+    parsed = {tag: tuple(map(int, tag.split("/"))) for tag in shards}
+    counts = sorted({count for _, count in parsed.values()})
+    if len(counts) > 1:
+        return f"the files come from different splits (shards of {' and of '.join(map(str, counts))})"
+    twice = [f"{tag} (in {' and '.join(sorted(shards[tag]))})" for tag in sorted(shards) if len(shards[tag]) > 1]
+    if twice:
+        return f"the same shard in two files: {'; '.join(twice)}"
+    missing = sorted(set(range(1, counts[0] + 1)) - {index for index, _ in parsed.values()})
+    if len(missing) > empty_files:
+        return (f"no result from shard(s) {', '.join(f'{index}/{counts[0]}' for index in missing)}: the class "
+                "report would lack their students")
+    return None
+
+
 def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
     print(f"\ncompute-sanitizer on {lab} (impl: {impl})")
     for row in rows:

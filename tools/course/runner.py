@@ -6,16 +6,21 @@ its deadline and was killed.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import env
 
@@ -44,6 +49,10 @@ SANITIZE_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 
 
 _PYTEST_OWN_ERRORS = (2, 3, 4)
+# The grading processes running now (each the leader of its own process group), so that an
+# interrupted class run can stop the ones it started.
+_RUNNING: set = set()
+_RUNNING_LOCK = threading.Lock()
 
 
 def _pump(stream, lines: queue.Queue) -> None:
@@ -54,9 +63,10 @@ def _pump(stream, lines: queue.Queue) -> None:
 
 def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_number: str | None, verbose: bool,
                deadline_s: int, seed: int | None = None, pytest_args: list[str] | None = None,
-               wrapper: list[str] | None = None, extra_env: dict | None = None) -> dict:
+               wrapper: list[str] | None = None, extra_env: dict | None = None, quiet: bool = False) -> dict:
     """pytest over `files` in a child process grading the tree `impl`; returns its results plus
-    what happened to the process. Logs and the child's JSON go to build/logs/LABEL.*."""
+    what happened to the process. Logs and the child's JSON go to build/logs/LABEL.*. `quiet`: no
+    progress lines (a pool of runs prints its own)."""
     trees.LOGS.mkdir(parents=True, exist_ok=True)
     json_path, log_path = trees.LOGS / f"{label}.json", trees.LOGS / f"{label}.log"
     json_path.unlink(missing_ok=True)
@@ -65,12 +75,15 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                f"--course-json={json_path}", "--tb=short", *(pytest_args or [])]
     environment = dict(os.environ, **{trees.IMPL_ENV: impl, trees.SEED_ENV: str(seed), "PYTHONUNBUFFERED": "1"},
                        **(extra_env or {}))
-    print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
+    if not quiet:
+        print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
     started = time.perf_counter()
     hung = False
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=trees.ROOT, env=environment, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        with _RUNNING_LOCK:
+            _RUNNING.add(process)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
         next_progress = started + PROGRESS_EVERY_S
@@ -80,7 +93,7 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                 hung = True
                 process.kill()
                 break
-            if not verbose and now > next_progress:
+            if not verbose and not quiet and now > next_progress:
                 print(f"[course] {label}: still running ({now - started:.0f} s; "
                       "the first build of a lab takes longest)", flush=True)
                 next_progress = now + PROGRESS_EVERY_S
@@ -94,6 +107,8 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
             if verbose:
                 sys.stdout.write(line)
         process.wait()
+        with _RUNNING_LOCK:
+            _RUNNING.discard(process)
     seconds = time.perf_counter() - started
     result = json.loads(json_path.read_text()) if json_path.exists() else {"tests": [], "perf": []}
     result.update(label=label, impl=impl, seed=seed, seconds=seconds, returncode=process.returncode, log=str(log_path))
@@ -111,6 +126,277 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
     return result
 
 
+# ---------------------------------------------------------------- a class: many runs at once
+# The cases that get the GPU to themselves: the timings (a kernel timed beside another process's work
+# is slowed by it) and the past-2^31 cases (they skip unless tens of GiB of GPU memory are free).
+ALONE_MARKERS = "perf or large"
+SHARED_MARKERS = f"not ({ALONE_MARKERS})"
+# conftest.py's words for a CUDA error that broke its process's CUDA context: in a single run every
+# later test of the lab fails with it, the perf cases included.
+BROKEN_CONTEXT = ("breaks this process's CUDA context", "a kernel made an invalid access or hit an assert")
+GIB_PER_RUN = 4  # host memory a concurrent run may take: its compilers (torch headers) and a torch process
+MAX_DEFAULT_JOBS = 8
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a Slurm allocation, a container's cpuset), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def available_memory_gib() -> float | None:
+    """Linux's MemAvailable, no more than the cgroup's memory limit (a Slurm job, a container); None if unknown."""
+    values = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                values.append(int(line.split()[1]) / 2**20)
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            values.append(int(limit) / 2**30)
+    return min(values) if values else None
+
+
+def default_jobs() -> tuple[int, str]:
+    """How many runs of a class go at once by default, and the rule that gave it: half the cores (each
+    build compiles a few files at once), no more than one per GIB_PER_RUN GiB of free memory, at most 8."""
+    cores, memory = usable_cores(), available_memory_gib()
+    jobs = min(cores // 2, MAX_DEFAULT_JOBS)
+    rule = f"{cores} cores // 2"
+    if memory is not None and memory // GIB_PER_RUN < jobs:
+        jobs, rule = int(memory // GIB_PER_RUN), f"{memory:.0f} GiB free // {GIB_PER_RUN} GiB a run"
+    return max(1, jobs), rule
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`I/N` (1 <= I <= N) as (I, N)."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match:
+        raise ValueError(f"{text!r} is not I/N (e.g. 2/4: the second of four shards)")
+    index, count = int(match.group(1)), int(match.group(2))
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {text}: I must be from 1 to N")
+    return index, count
+
+
+def shard(items: list, index: int, count: int, key: Callable = str) -> list:
+    """The I-th of N slices of `items`, round-robin in the order of `key` (a submission's folder name):
+    sorted, the I-th, the (I+N)-th, the (I+2N)-th, ... (1-based). The N slices cover every item once, and
+    their sizes differ by at most one."""
+    return sorted(items, key=key)[index - 1::count]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One submission x lab of a class."""
+
+    student: str
+    lab: str  # the lab's folder name, NN-slug
+    lab_number: str
+    test_file: Path
+    impl: str  # the submission's absolute path
+    seed: int  # one seed for every run of the job, so one --seed reproduces its result
+
+    @property
+    def label(self) -> str:
+        return f"{self.student}-{self.lab}"
+
+
+def broke_context(result: dict) -> bool:
+    return any(mark in test.get("message", "") for test in result.get("tests", []) for mark in BROKEN_CONTEXT)
+
+
+def merge_phases(shared: dict, alone: dict) -> dict:
+    """The result a single run of every test of a submission x lab gives, from the records of its two
+    runs: the shared cases (`-m SHARED_MARKERS`, the quick sanitizer pass after them) and the perf and
+    large cases (`-m ALONE_MARKERS`). The tests of both (the shared ones first), the perf cases, one seed,
+    the seconds added; `log` is the first run's log, `perf_log` the second's. When the second run's process
+    died or hung the result is that failure, as a single run's would be: no test (the child reports its
+    tests when it ends), its error, no sanitizer pass."""
+    merged = dict(shared)
+    reported = "torch" in alone  # the child wrote its JSON (conftest.py's pytest_sessionfinish)
+    merged["tests"] = [*shared.get("tests", []), *alone.get("tests", [])] if reported else []
+    merged["perf"] = [*shared.get("perf", []), *alone.get("perf", [])] if reported else []
+    merged["labs"] = {**alone.get("labs", {}), **shared.get("labs", {})}
+    merged["copy_bandwidth_gbps"] = alone.get("copy_bandwidth_gbps") or shared.get("copy_bandwidth_gbps")
+    merged["seconds"] = shared.get("seconds", 0) + alone.get("seconds", 0)
+    merged["perf_log"] = alone.get("log")
+    codes = (shared.get("returncode"), alone.get("returncode"))
+    merged["returncode"] = 1 if 1 in codes else 0 if 0 in codes else 5
+    if alone.get("error"):
+        merged["error"], merged["returncode"] = alone["error"], alone.get("returncode")
+        merged.pop("sanitizer", None)
+        merged.pop("sanitizer_seconds", None)
+    return merged
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def _tally(result: dict) -> str:
+    outcomes = [test["outcome"] for test in result.get("tests", [])]
+    text = ", ".join(f"{outcomes.count(word)} {word}" for word in ("passed", "failed", "skipped"))
+    if result.get("error"):
+        text += f"; ERROR: {result['error'].splitlines()[0][:100]}"
+    return f"{text} in {_duration(result.get('seconds', 0))}"
+
+
+class _Progress:
+    """The lines a pool of runs prints: each run as it ends, with how many are done, running and
+    queued and an estimate of the time left; and, when nothing ended for a while, the same counts alone."""
+
+    def __init__(self, phase: str, total: int, workers: int, say: Callable[[str], None]):
+        self.phase, self.total, self.workers, self.say = phase, total, workers, say
+        self.lock = threading.Lock()
+        self.running: dict[str, float] = {}
+        self.durations: list[float] = []
+        self.last = time.perf_counter()
+
+    def started(self, job: Job) -> str:
+        """Counts the run as running; returns its place, e.g. 3/40."""
+        with self.lock:
+            self.running[job.label] = time.perf_counter()
+            return f"{len(self.durations) + len(self.running)}/{self.total}"
+
+    def ended(self, job: Job, result: dict, note: str = "") -> None:
+        with self.lock:
+            self.durations.append(time.perf_counter() - self.running.pop(job.label))
+            self.say(f"[course] {len(self.durations)}/{self.total} {job.student} {job.lab}: {_tally(result)}{note}"
+                     f" | {self._counts()}")
+            self.last = time.perf_counter()
+
+    def tick(self) -> None:
+        with self.lock:
+            if time.perf_counter() - self.last >= PROGRESS_EVERY_S:
+                now = time.perf_counter()
+                longest = sorted(self.running.items(), key=lambda item: item[1])[:3]
+                who = ", ".join(f"{label} {_duration(now - since)}" for label, since in longest)
+                self.say(f"[course] {self.phase}: {self._counts()}" + (f" (running: {who})" if who else ""))
+                self.last = now
+
+    def _counts(self) -> str:
+        done, running = len(self.durations), len(self.running)
+        queued = self.total - done - running
+        text = f"{done} done, {running} running, {queued} queued"
+        if not self.durations:
+            return text + ", ETA after the first run ends"
+        if not running and not queued:
+            return text
+        mean, now = sum(self.durations) / done, time.perf_counter()
+        left = [max(mean - (now - since), 0.0) for since in self.running.values()]
+        eta = max((queued * mean + sum(left)) / self.workers, max(left, default=0.0))
+        return text + f", ETA {_duration(eta)}"
+
+
+def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, alone: bool,
+              after: Callable[[Job, dict], None] | None = None, say: Callable[[str], None] = print) -> dict[Job, dict]:
+    """Grade every job, `workers` runs at a time; return each job's result as a single run of all its tests gives it.
+
+    1. Each job's shared cases (`-m SHARED_MARKERS`: its build and every correctness case) in a pool of
+       `workers` processes, each build given usable_cores() // workers of ninja's parallelism (MAX_JOBS,
+       which torch.utils.cpp_extension passes to ninja); then `after(job, result)` (the quick sanitizer pass).
+    2. Each job's perf and large cases (`-m ALONE_MARKERS`), merged into its result (merge_phases). With
+       `alone` (a GPU), one run at a time once the pool has drained, so that nothing runs beside a timing;
+       without (no GPU: those cases skip), in the pool, right after the job's first run.
+    A job whose first run died or hung has no second (a single run would have died too, and reported no
+    test); one whose kernel broke its CUDA context is graded again, whole, in the second phase (in a single
+    run every later test fails with that error, which a fresh process would not show). Every run keeps
+    run_pytest's deadline and error handling: a crash or a hang fails its own job only."""
+    builds = {} if "MAX_JOBS" in os.environ else {"MAX_JOBS": str(max(1, usable_cores() // max(workers, 1)))}
+    stopping = threading.Event()
+
+    def run(job: Job, label: str, markers: str | None, extra_env: dict) -> dict:
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        result = run_pytest(python, [job.test_file], impl=job.impl, label=label, lab_number=job.lab_number,
+                            verbose=False, deadline_s=deadline_s, seed=job.seed,
+                            pytest_args=["-m", markers] if markers else None, extra_env=extra_env, quiet=True)
+        if stopping.is_set():  # killed by stop_all: no student's doing, nothing to report
+            raise KeyboardInterrupt
+        return result
+
+    def second(job: Job, first: dict, whole: bool, extra_env: dict) -> dict:
+        if not whole:
+            return merge_phases(first, run(job, f"{job.label}-perf", ALONE_MARKERS, extra_env))
+        result = run(job, f"{job.label}-whole", None, extra_env)
+        result["label"] = job.label
+        if not result.get("error"):  # the sanitizer pass after the first run stands (a single run's would too)
+            result.update({key: first[key] for key in ("sanitizer", "sanitizer_seconds", "error") if key in first})
+        return result
+
+    def first_phase(job: Job) -> tuple[Job, dict, str | None]:
+        progress.started(job)
+        result = run(job, job.label, SHARED_MARKERS, builds)
+        plan = None if result.get("error") else "whole" if broke_context(result) else "perf"
+        if plan and after:
+            after(job, result)
+        note = ""
+        if plan and not alone:
+            result, plan = second(job, result, plan == "whole", builds), None
+        elif plan == "whole":
+            note = " (its kernel broke the CUDA context: it is graded again whole, alone, after the others)"
+        progress.ended(job, result, note)
+        return job, result, plan
+
+    results: dict[Job, dict] = {}
+    later: list[tuple[Job, dict, str]] = []
+    phase = "correctness runs" if alone else "runs"
+    progress = _Progress(phase, len(jobs), workers, say)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    try:
+        pending = {pool.submit(first_phase, job) for job in jobs}
+        while pending:
+            finished, pending = concurrent.futures.wait(pending, timeout=1.0)
+            progress.tick()
+            for future in finished:
+                job, result, plan = future.result()
+                results[job] = result
+                if plan:
+                    later.append((job, result, plan))
+        pool.shutdown()
+        if later:
+            say(f"[course] the perf and large cases of {len(later)} run(s), one at a time (nothing else runs "
+                "beside a timing)")
+            order = {job: index for index, job in enumerate(jobs)}
+            later.sort(key=lambda item: order[item[0]])
+            progress = _Progress("perf and large cases", len(later), 1, say)
+            for job, first, plan in later:
+                say(f"[course] {progress.started(job)} {job.student} {job.lab}: "
+                    + ("all its tests again" if plan == "whole" else "its perf and large cases") + " ...")
+                results[job] = second(job, first, plan == "whole", {})
+                progress.ended(job, results[job])
+    except BaseException:
+        stopping.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all()
+        raise
+    return {job: results[job] for job in jobs}
+
+
+def stop_all(grace_s: float = 3.0) -> int:
+    """Stop the grading processes this process started that still run; return how many. Each gets SIGTERM
+    with its process group (ninja, which starts each compiler in a group of its own, stops those on SIGTERM),
+    then SIGKILL if it is still there after `grace_s`."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for process in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for process in running:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+    return len(running)
+
+
 # memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
 # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
 _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
@@ -121,25 +407,48 @@ def is_clean(row: dict) -> bool:
     return row["ran"] and not row["errors"] and not row["process_error"]
 
 
-def sanitizer_available() -> bool:
-    """compute-sanitizer on the PATH and a GPU the driver sees."""
-    if not shutil.which("compute-sanitizer") or not shutil.which("nvidia-smi"):
+def gpu_visible() -> bool:
+    """A GPU the driver sees (nvidia-smi -L lists one)."""
+    if not shutil.which("nvidia-smi"):
         return False
     return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
+# "1": a class run keeps the perf and large cases apart, one run at a time, even where perf_alone() sees no
+# GPU; "0": they share the pool (no GPU, so no timing to spoil). tests/test_course_class.py sets it to
+# run the GPU machine's schedule on a CPU.
+PERF_ALONE_ENV = "COURSE_PERF_ALONE"
+
+
+def perf_alone() -> bool:
+    """Whether a class run gives the perf and large cases the machine to themselves: where a GPU may be
+    there (nvidia-smi lists one, or the driver's device files exist: a container without nvidia-smi),
+    unless COURSE_PERF_ALONE says."""
+    forced = os.environ.get(PERF_ALONE_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return gpu_visible() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def sanitizer_available() -> bool:
+    """compute-sanitizer on the PATH and a GPU the driver sees."""
+    return bool(shutil.which("compute-sanitizer")) and gpu_visible()
+
+
 def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
-             deadline_s: int = 1800, quick: bool = False) -> list[dict]:
-    """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool."""
+             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False) -> list[dict]:
+    """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool.
+    `label_prefix` keeps the logs of concurrent runs apart (build/logs/PREFIXsanitize-NN-TOOL.log)."""
     rows = []
     for tool in tools:
-        label = f"sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
+        label = f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
         selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
         result = run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
-                            deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV)
+                            deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
+                            quiet=quiet)
         log_text = Path(result["log"]).read_text(errors="replace")
         counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
         summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]

@@ -1,0 +1,221 @@
+"""A class at scale (issue 19): `grade --all --jobs N` runs submissions at once, `--shard I/N` grades a
+slice of the class, and `report merge` joins the slices; the results must not depend on either."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import mutants, trees
+
+sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
+import report  # noqa: E402
+import runner  # noqa: E402
+
+COURSE = str(trees.ROOT / "course")
+LAB = trees.find_lab("00")
+SYNTAX_ERROR = ("scale.cu", "#include <algorithm>", "#include <algorithm>\nthis is not C++;")
+GRID_TOO_SMALL = ("scale.cu", "std::min(needed_blocks, resident_blocks)", "std::min<int64_t>(needed_blocks, 1)")
+# The CSV columns that say how a student did (not the failure messages: they quote random inputs).
+CSV_OUTCOME = ("student", "lab", "passed", "failed", "skipped", "points", "max_points")
+
+
+def course(*args: str, timeout: int = 1800, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([COURSE, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def read_class(out: Path) -> tuple[dict, list[dict]]:
+    with open(out.with_suffix(".csv")) as handle:
+        return json.loads(out.read_text()), list(csv.DictReader(handle))
+
+
+def outcomes(report_json: dict) -> dict:
+    """Per student and lab: each test's outcome, the open TODOs its failures name, whether the run errored."""
+    return {student: {result["label"]: {"tests": {t["name"]: t["outcome"] for t in result["tests"]},
+                                        "todos": sorted({(todo["task"], todo["file"], todo["line"])
+                                                         for t in result["tests"] for todo in t.get("todos", [])}),
+                                        "error": bool(result.get("error"))}
+                      for result in results}
+            for student, results in report_json.items()}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Four submissions of lab 00: good (alice), the skeleton (bob), uncompilable (carol), a CPU-visible bug
+    (dave), graded three ways on the same builds (the same folders):
+      - whole, --jobs 2 with the GPU machine's schedule (COURSE_PERF_ALONE=1: the perf and large cases of
+        each run after the pool, one run at a time): the four cold builds, two at a time;
+      - --shard 1/2 (alice, carol) with --jobs 1: one run after another, as before --jobs;
+      - --shard 2/2 (bob, dave) with --jobs 2 and this machine's schedule (no GPU: the perf and large cases,
+        which skip, in the pool);
+    then the shards merged with report merge."""
+    root = tmp_path_factory.mktemp("class")
+    submissions = root / "class"
+    for student, source, edits in (("alice", "solutions", []), ("bob", "labs", []),
+                                   ("carol", "solutions", [SYNTAX_ERROR]), ("dave", "solutions", [GRID_TOO_SMALL])):
+        mutants.plant(LAB, submissions / student, edits, source=source)
+    grade = ("grade", "00", "--all", "--impl", str(submissions))
+    runs = {"whole": course(*grade, "--jobs", "2", "--json", str(root / "all.json"), "--format", "gradescope",
+                            "--out", str(root / "gradescope-all"), env={runner.PERF_ALONE_ENV: "1"})}
+    for index, jobs in ((1, "1"), (2, "2")):
+        runs[index] = course(*grade, "--shard", f"{index}/2", "--jobs", jobs,
+                             "--json", str(root / f"shard-{index}.json"), env={runner.PERF_ALONE_ENV: "0"})
+    runs["merge"] = course("report", "merge", str(root / "shard-1.json"), str(root / "shard-2.json"),
+                           "-o", str(root / "merged.json"),
+                           "--format", "gradescope", "--out", str(root / "gradescope-merged"))
+    for name, run in runs.items():
+        assert run.returncode == 0, f"{name}: exit {run.returncode}\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+    return {"root": root, "submissions": submissions, "runs": runs}
+
+
+def test_shards_merged_equal_the_whole_class_and_jobs_do_not_change_results(graded):
+    """The shards merged (alice and carol graded one run after another, bob and dave two at a time) == the
+    whole class two at a time with the perf and large cases apart: per student and test the same outcomes,
+    open TODOs and errors; the same CSV counts and points; the same Gradescope scores."""
+    root = graded["root"]
+    whole, whole_rows = read_class(root / "all.json")
+    merged, merged_rows = read_class(root / "merged.json")
+    assert list(whole) == list(merged) == ["alice", "bob", "carol", "dave"]
+    assert outcomes(merged) == outcomes(whole)
+    assert [{k: row[k] for k in CSV_OUTCOME} for row in merged_rows] == [
+        {k: row[k] for k in CSV_OUTCOME} for row in whole_rows]
+    # The same schema (a merge leaves no shard tag); a run in two phases adds only the second one's log.
+    for student in whole:
+        assert set(merged[student][0]) | {"perf_log"} == set(whole[student][0]), student
+    for student in whole:
+        scores = [json.loads((root / folder / student / "results.json").read_text())["score"]
+                  for folder in ("gradescope-all", "gradescope-merged")]
+        assert scores[0] == scores[1], (student, scores)
+    # The grades tell the four apart, whichever way they were run.
+    by_student = {row["student"]: row for row in whole_rows}
+    assert by_student["alice"]["failed"] == "0" and int(by_student["alice"]["passed"]) > 0
+    assert "did not build" in by_student["carol"]["errors"]
+    assert int(by_student["bob"]["failed"]) > 0 and int(by_student["dave"]["failed"]) > 0
+
+
+def test_shards_are_round_robin_slices_with_their_own_reports(graded):
+    root = graded["root"]
+    shards = [json.loads((root / f"shard-{index}.json").read_text()) for index in (1, 2)]
+    assert [list(shard) for shard in shards] == [["alice", "carol"], ["bob", "dave"]]
+    assert all(r["shard"] == f"{index}/2" for index, shard in enumerate(shards, 1) for rs in shard.values() for r in rs)
+    assert (root / "shard-1.csv").exists() and (root / "shard-2.csv").exists()
+    assert "shard 1/2: 2 of the 4 submissions" in graded["runs"][1].stdout
+
+
+def test_concurrent_runs_show_their_progress(graded):
+    """Each run as it ends with the counts done / running / queued and an ETA; then the perf and large
+    cases, one run at a time (on a GPU: here forced), each announced, with its own counts."""
+    output = graded["runs"]["whole"].stdout
+    assert "2 at a time" in output and "MAX_JOBS" in output, output[-3000:]
+    status = [line for line in output.splitlines() if "done," in line and "running" in line and "queued" in line]
+    assert len(status) >= 8, output[-3000:]  # 4 correctness runs, then 4 perf runs
+    assert any("ETA" in line for line in status), output[-3000:]
+    assert "the perf and large cases of 4 run(s), one at a time" in output, output[-3000:]
+    perf_phase = output.split("one at a time (nothing else runs")[1]
+    assert "[course] 1/4 alice 00-first-kernel: its perf and large cases ..." in perf_phase, perf_phase
+    assert any(line.startswith("[course] 4/4 dave 00-first-kernel: ") and line.endswith("4 done, 0 running, 0 queued")
+               for line in perf_phase.splitlines()), perf_phase
+    pool = graded["runs"][2].stdout
+    assert "no GPU: the perf and large cases (which skip) in the pool too" in pool, pool[-3000:]
+
+
+def test_merge_refuses_overlapping_or_incomplete_shards(graded, tmp_path):
+    root = graded["root"]
+    twice = course("report", "merge", str(root / "shard-1.json"), str(root / "shard-1.json"), "-o",
+                   str(tmp_path / "x.json"))
+    assert twice.returncode == 2 and "alice (in" in twice.stdout and "more than one file" in twice.stdout, twice.stdout
+    mixed = course("report", "merge", str(root / "all.json"), str(root / "shard-2.json"),
+                   "-o", str(tmp_path / "y.json"))
+    assert mixed.returncode == 2 and "bob (in" in mixed.stdout, mixed.stdout
+    missing = course("report", "merge", str(root / "shard-2.json"), "-o", str(tmp_path / "z.json"))
+    assert missing.returncode == 2 and "shard(s) 1/2" in missing.stdout, missing.stdout
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "y.json").exists()
+    partial = course("report", "merge", str(root / "shard-2.json"), "-o", str(tmp_path / "z.json"), "--partial")
+    assert partial.returncode == 0 and list(json.loads((tmp_path / "z.json").read_text())) == ["bob", "dave"]
+    not_a_report = tmp_path / "bench.json"
+    not_a_report.write_text(json.dumps({"lab": "00-first-kernel", "cases": []}))
+    wrong = course("report", "merge", str(not_a_report), "-o", str(tmp_path / "w.json"))
+    assert wrong.returncode == 2 and "not a class report" in wrong.stdout, wrong.stdout
+
+
+def test_report_summary_reads_the_merged_report(graded, tmp_path):
+    """`./course report summary` (tools/course/summary.py) over the merged class report."""
+    run = course("report", "summary", str(graded["root"] / "merged.json"), "-o", str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = (tmp_path / "merged-summary.md").read_text()
+    assert all(student in text for student in ("alice", "bob", "carol", "dave")), text
+
+
+# ---------------------------------------------------------------- the rules, without building anything
+def test_shard_slicing_is_round_robin_by_name():
+    names = [f"student{i:02d}" for i in range(11)]
+    shuffled = names[5:] + names[:5]
+    slices = [runner.shard(shuffled, index, 4) for index in range(1, 5)]
+    assert slices[0] == ["student00", "student04", "student08"] and slices[3] == ["student03", "student07"]
+    assert sorted(sum(slices, [])) == names  # every student in exactly one slice
+    assert max(map(len, slices)) - min(map(len, slices)) <= 1
+    assert runner.shard(names, 1, 1) == names and runner.shard(names[:2], 3, 3) == []
+    assert runner.parse_shard("2/4") == (2, 4) and runner.parse_shard(" 1 / 1 ") == (1, 1)
+    for bad in ("0/2", "3/2", "2", "a/b", "1/0"):
+        with pytest.raises(ValueError):
+            runner.parse_shard(bad)
+
+
+def test_grade_refuses_bad_shards_and_jobs_without_all():
+    for extra in (["--shard", "3/2"], ["--jobs", "0"]):
+        run = course("grade", "00", "--all", "--impl", "labs", *extra)
+        assert run.returncode == 2 and ("I must be from 1 to N" in run.stderr or "1 or more" in run.stderr), run.stderr
+    run = course("grade", "00", "--jobs", "2")
+    assert run.returncode == 2 and "add --all" in run.stdout, run.stdout
+
+
+def test_an_empty_shard_writes_an_empty_report_under_its_default_name(tmp_path):
+    (tmp_path / "class" / "only").mkdir(parents=True)
+    default = trees.BUILD / "grades-shard-7-of-7.json"
+    existed = {path: path.exists() for path in (default, default.with_suffix(".csv"))}
+    try:
+        run = course("grade", "00", "--all", "--impl", str(tmp_path / "class"), "--shard", "7/7", timeout=300)
+        assert run.returncode == 0 and json.loads(default.read_text()) == {}, run.stdout + run.stderr
+        assert "shard 7/7: 0 of the 1 submissions" in run.stdout
+    finally:
+        for path, was_there in existed.items():
+            if not was_there:
+                path.unlink(missing_ok=True)
+
+
+def record(tests, **extra) -> dict:
+    return {"label": "ada-00-first-kernel", "tests": [{"name": n, "outcome": o} for n, o in tests], "perf": [],
+            "seed": 7, "seconds": 10.0, "returncode": 0, "log": "a.log", "torch": "2", "labs": {}, **extra}
+
+
+def test_the_two_phases_of_a_run_merge_as_a_single_run_would_report_it():
+    shared = record([("test_builds", "passed"), ("test_scale", "failed")], returncode=1)
+    alone = record([("test_perf_scale", "passed")], perf=[{"name": "scale", "ratio": 1.0}], log="b.log",
+                   copy_bandwidth_gbps=3000.0)
+    merged = runner.merge_phases(shared, alone)
+    assert [t["name"] for t in merged["tests"]] == ["test_builds", "test_scale", "test_perf_scale"]
+    assert merged["returncode"] == 1 and merged["seconds"] == 20.0 and merged["seed"] == 7
+    assert merged["log"] == "a.log" and merged["perf_log"] == "b.log" and merged["copy_bandwidth_gbps"] == 3000.0
+    assert merged["perf"] == alone["perf"] and "error" not in merged
+    # The perf run's process died: a single run would have died too, and reported no test.
+    died = {k: v for k, v in record([], returncode=-11, error="the test process died").items() if k != "torch"}
+    merged = runner.merge_phases({**shared, "sanitizer": [], "sanitizer_seconds": 1}, died)
+    assert merged["tests"] == [] and merged["error"] == "the test process died" and "sanitizer" not in merged
+    broken = record([("test_scale", "failed")])
+    broken["tests"][0]["message"] = "illegal memory access\n  a kernel made an invalid access or hit an assert."
+    assert runner.broke_context(broken) and not runner.broke_context(shared)
+
+
+def test_shard_problems():
+    assert report.shard_problem({}) is None
+    assert report.shard_problem({"1/2": {"a"}, "2/2": {"b"}}) is None
+    assert "different splits" in report.shard_problem({"1/2": {"a"}, "2/3": {"b"}})
+    assert "two files" in report.shard_problem({"1/2": {"a", "c"}, "2/2": {"b"}})
+    assert "2/2" in report.shard_problem({"1/2": {"a"}})
+    assert report.shard_problem({"1/2": {"a"}}, empty_files=1) is None  # shard 2/2 held no student
