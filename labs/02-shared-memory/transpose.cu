@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash eb853e3a71d4].
+// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash a88e1da78e94].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02: transpose through shared memory. A transpose moves every element once and computes
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t col = tile.col + threadIdx.x;
   const float* matrix = in + tile.batch * shape.batch_stride;
   float* result = out + tile.batch * shape.rows * shape.cols;
-  // All loads first, into registers: 4 independent loads in flight per thread, not one.
+  // All loads first, into registers: kRowsPerThread (8) independent loads in flight per thread, not one.
   float staged[kRowsPerThread];
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {

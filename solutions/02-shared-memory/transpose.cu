@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t col = tile.col + threadIdx.x;
   const float* matrix = in + tile.batch * shape.batch_stride;
   float* result = out + tile.batch * shape.rows * shape.cols;
-  // All loads first, into registers: 4 independent loads in flight per thread, not one.
+  // All loads first, into registers: kRowsPerThread (8) independent loads in flight per thread, not one.
   float staged[kRowsPerThread];
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const float* matrix = in + origin.batch * shape.batch_stride;
   float* result = out + origin.batch * shape.rows * shape.cols;
 
-  // Read: thread (lane, y) copies input rows y, y + 8, y + 16, y + 24 of the tile, column
-  // `lane`; each warp reads 128 contiguous bytes of one input row. All four loads go out
+  // Read: thread (lane, y) copies input rows y, y + 4, ..., y + 28 of the tile (y + kBlockRows j),
+  // column `lane`; each warp reads 128 contiguous bytes of one input row. All eight loads go out
   // before the first is needed; entries past the matrix's edge get 0 and are never written.
   const int64_t in_col = origin.col + lane;
   float staged[kRowsPerThread];
@@ -151,12 +151,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) tile[threadIdx.y + j * kBlockRows][lane] = staged[j];
-  // Every warp is about to read what the other seven wrote.
+  // Every warp is about to read what the other three (kBlockRows - 1) wrote.
   __syncthreads();
 
   // Write: output row r is input column r, so thread (lane, y) writes output rows
-  // origin.col + y + 8j, column origin.row + lane: a warp writes 128 contiguous bytes, taking
-  // column y + 8j of the tile, tile[lane][y + 8j]: the column read that the banks care about.
+  // origin.col + y + 4j, column origin.row + lane: a warp writes 128 contiguous bytes, taking
+  // column y + 4j of the tile, tile[lane][y + 4j]: the column read that the banks care about.
   const int64_t out_col = origin.row + lane;
 #pragma unroll
   for (int j = 0; j < kRowsPerThread; ++j) {
