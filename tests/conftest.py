@@ -136,5 +136,6 @@ def pytest_sessionfinish(session):
             for name, points in _points.items()}
     data = {"seed": SEED, "tests": _records, "perf": perf.RESULTS, "torch": torch.__version__,
             "cuda": torch.version.cuda, "copy_bandwidth_gbps": perf._ceilings.get("copy"),
-            "impl": str(trees.resolve_tree().path), "labs": labs}
+            "impl": str(trees.resolve_tree().path), "labs": labs,
+            "broken_context": _broken_context[0] if _broken_context else None}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib
 import json
 import re
 import subprocess
@@ -232,7 +233,9 @@ def test_doctor_explains_each_failure(broken, check, fix):
 
 
 # ---------------------------------------------------------------- the quick compute-sanitizer pass of `grade`
-RACE = ("reduce.cuh", "  __syncthreads();  // every warp's result is in shared memory before any warp reads them\n", "")
+def lab_mutant(lab, name: str) -> mutants.Mutant:
+    """One of a lab grader's own MUTANTS, by name (the planted bug is defined once, there)."""
+    return next(m for m in importlib.import_module(lab.test_file.stem).MUTANTS if m.name == name)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
@@ -241,8 +244,9 @@ def test_grade_runs_the_quick_sanitizer_pass_and_fails_a_race(tmp_path):
     the reference is clean, and a block reduce whose warps read shared memory before every warp has
     written it fails the lab with racecheck's own report (the comparison alone passes it on most runs)."""
     lab = trees.find_lab("03")
+    race = lab_mutant(lab, "race-on-shared-partials")
     reports = {}
-    for name, edits in (("reference", []), ("race", [RACE])):
+    for name, edits in (("reference", []), ("race", [(race.file, race.old, race.new)])):
         root = mutants.plant(lab, tmp_path / name, edits)
         out = tmp_path / f"{name}.json"
         run = subprocess.run([COURSE, "grade", "03", "--impl", str(root), "--json", str(out)], capture_output=True,

@@ -18,12 +18,7 @@ _built: dict[tuple[str, str], object] = {}
 _failed: dict[tuple[str, str], Exception] = {}
 # One line per compile attempt, in the build folder: how often a grading run invoked the compiler.
 ATTEMPTS_LOG = "build-attempts.log"
-
-# The flags and the arch rule are defined once, in jit.py, which the lab notebooks import too.
-CXX_FLAGS = jit.CXX_FLAGS
-NVCC_FLAGS = jit.NVCC_FLAGS
-default_arch_list = jit.default_arch_list
-ensure_arch_list = jit.ensure_arch_list
+# The flags, the arch rule and the load() call itself live in jit.py, which the notebooks use too.
 
 
 def module_name(lab: trees.Lab, tree: trees.Tree) -> str:
@@ -49,26 +44,16 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
 
 
 def _compile_and_import(lab: trees.Lab, tree: trees.Tree, verbose: bool, extra_cuda_cflags: list[str] | None):
-    from torch.utils.cpp_extension import load
-
-    ensure_arch_list()
-    sources = trees.lab_sources(lab, tree)
-    if not sources:
-        raise FileNotFoundError(f"{lab.dir_in(tree)} has no .cu or .cpp files to build")
+    folder = lab.dir_in(tree)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} does not exist: the submission has no folder for lab {lab.name}")
     build_dir = lab.build_dir(tree)
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ATTEMPTS_LOG, "a") as log:
         log.write(f"{time.time():.3f} pid {os.getpid()}\n")
     try:
-        return load(
-            name=module_name(lab, tree),
-            sources=[str(s) for s in sources],
-            extra_include_paths=[str(trees.INCLUDE), str(lab.dir_in(tree))],
-            extra_cflags=CXX_FLAGS,
-            extra_cuda_cflags=NVCC_FLAGS + list(extra_cuda_cflags or []),
-            build_directory=str(build_dir),
-            verbose=verbose,
-        )
+        return jit.load_lab(folder, trees.ROOT, name=module_name(lab, tree), extra_cuda_cflags=extra_cuda_cflags or (),
+                            verbose=verbose, build_dir=build_dir)
     except ImportError as error:
         # load() imports without rebuilding when it thinks nothing changed (e.g. after a
         # compile was interrupted); run ninja ourselves so the real compiler error shows.
@@ -105,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{error}\n[course] {lab.name} from {tree.path} did not build", file=sys.stderr)
         return 1
     print(f"[course] built {lab.name} from {tree.path} in {time.perf_counter() - started:.1f} s "
-          f"(arch list {ensure_arch_list()}, build dir {lab.build_dir(tree)})")
+          f"(arch list {jit.ensure_arch_list()}, build dir {lab.build_dir(tree)})")
     return 0
 
 

@@ -124,6 +124,8 @@ class CheckedModule:
 
         checked.__name__ = name
         checked.__doc__ = attr.__doc__
+        # Kept as an attribute, so __getattr__ (and the signature parsing) runs once per name.
+        setattr(self, name, checked)
         return checked
 
     def __dir__(self):

@@ -22,7 +22,7 @@ CXX_FLAGS = ["-O3", "-std=c++17"]
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 # ptxas's report, one line per kernel: registers, spills, shared memory (shown when load() is verbose).
 PTXAS_REPORT = ["-Xptxas=-v"]
-# Files of a lab folder that the build compiles (the same rule as trees.SOURCE_SUFFIXES).
+# Files of a lab folder that the build compiles.
 SOURCE_SUFFIXES = (".cu", ".cpp")
 
 
@@ -69,13 +69,15 @@ def notebook_module_name(lab_dir: str | Path) -> str:
 
 
 def load_lab(lab_dir: str | Path, root: str | Path, *, name: str | None = None, ptxas_report: bool = False,
-             extra_cuda_cflags: Sequence[str] = (), verbose: bool = False):
+             extra_cuda_cflags: Sequence[str] = (), verbose: bool = False, build_dir: str | Path | None = None):
     """Build (or reuse) a lab folder with torch.utils.cpp_extension.load and return the module.
 
     Compiles lab_sources(lab_dir) with CXX_FLAGS / NVCC_FLAGS for ensure_arch_list(), with
-    ROOT/include and the lab folder on the include path, into notebook_build_dir(). The module
-    is named `labNN_notebook` unless `name` says otherwise. `ptxas_report` adds PTXAS_REPORT
-    (visible with verbose=True, which prints the compiler's output).
+    ROOT/include and the lab folder on the include path, into `build_dir` (the grader's) or
+    notebook_build_dir(). The module is named `labNN_notebook` unless `name` says otherwise.
+    `ptxas_report` adds PTXAS_REPORT (visible with verbose=True, which prints the compiler's output).
+    The grader (harness.build) and the notebooks both build through here, so a notebook the grader
+    runs finds the grader's build up to date: same sources, flags and name.
     """
     from torch.utils.cpp_extension import load
 
@@ -93,7 +95,7 @@ def load_lab(lab_dir: str | Path, root: str | Path, *, name: str | None = None, 
         extra_include_paths=[str(root / "include"), str(lab_dir)],
         extra_cflags=list(CXX_FLAGS),
         extra_cuda_cflags=NVCC_FLAGS + (PTXAS_REPORT if ptxas_report else []) + list(extra_cuda_cflags),
-        build_directory=str(notebook_build_dir(lab_dir, root)),
+        build_directory=str(build_dir or notebook_build_dir(lab_dir, root)),
         verbose=verbose,
     )
 

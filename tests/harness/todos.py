@@ -18,6 +18,7 @@ Each lab's grader declares the points of its tasks once, in `POINTS = {"labNN.k"
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,24 +68,32 @@ def _lab_files(lab: trees.Lab, tree: trees.Tree) -> list[Path]:
     return [p for p in sorted(folder.iterdir()) if p.suffix in trees.CXX_SUFFIXES or p.suffix == ".py"]
 
 
-def open_todos(lab: trees.Lab, tree: trees.Tree) -> list[Todo]:
-    """The TODO(labNN.k) markers still present in the tree's copy of the lab."""
+@functools.lru_cache(maxsize=None)
+def open_todos(lab: trees.Lab, tree: trees.Tree) -> tuple[Todo, ...]:
+    """The TODO(labNN.k) markers still present in the tree's copy of the lab. Read once per process
+    (a grading run does not edit the lab), not once for each of a skeleton's hundreds of failures."""
     found = []
     for path in _lab_files(lab, tree):
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             match = TODO_PATTERN.search(line)
             if match and match.group(1).startswith(lab.module_stem + "."):
                 found.append(Todo(match.group(1), path.name, number, match.group(2).strip()))
-    return found
+    return tuple(found)
 
 
-def lab_tasks(lab: trees.Lab) -> dict[str, str]:
-    """Every task of the lab and its one-line title, from the solution's SOLUTION BEGIN headers."""
+@functools.lru_cache(maxsize=None)
+def _solution_tasks(lab: trees.Lab) -> tuple[tuple[str, str], ...]:
     titles: dict[str, str] = {}
     for path in _lab_files(lab, trees.resolve_tree("solutions")):
         for match in SOLUTION_TASK.finditer(path.read_text()):
             titles.setdefault(match.group(1), match.group(2).strip())
-    return dict(sorted(titles.items()))
+    return tuple(sorted(titles.items()))
+
+
+def lab_tasks(lab: trees.Lab) -> dict[str, str]:
+    """Every task of the lab and its one-line title, from the solution's SOLUTION BEGIN headers
+    (read once per process: conftest asks for every phase of every test that declares ALL)."""
+    return dict(_solution_tasks(lab))
 
 
 def declared(item) -> tuple[list[str], bool]:

@@ -34,8 +34,6 @@ DEFAULT_IMPL = "solutions"
 # grading process in this variable; printed with every result so a run can be reproduced.
 SEED_ENV = "COURSE_SEED"
 LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
-# Files of a lab that the JIT build compiles.
-SOURCE_SUFFIXES = (".cu", ".cpp")
 # CUDA and C++ sources and headers: their comments (and so their solution markers) start with //.
 CXX_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
 # Files that take part in lab generation (solution markers may appear in each).
@@ -159,13 +157,3 @@ def find_lab(key: str) -> Lab:
             return lab
     known = ", ".join(lab.name for lab in all_labs())
     raise KeyError(f"no lab {key!r}; the labs are: {known}")
-
-
-def lab_sources(lab: Lab, tree: Tree) -> list[Path]:
-    """The files the JIT build compiles, in a stable order."""
-    folder = lab.dir_in(tree)
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"{folder} does not exist: the submission has no folder for lab {lab.name}"
-        )
-    return sorted(p for p in folder.iterdir() if p.suffix in SOURCE_SUFFIXES)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -131,9 +132,6 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
 # is slowed by it) and the past-2^31 cases (they skip unless tens of GiB of GPU memory are free).
 ALONE_MARKERS = "perf or large"
 SHARED_MARKERS = f"not ({ALONE_MARKERS})"
-# conftest.py's words for a CUDA error that broke its process's CUDA context: in a single run every
-# later test of the lab fails with it, the perf cases included.
-BROKEN_CONTEXT = ("breaks this process's CUDA context", "a kernel made an invalid access or hit an assert")
 GIB_PER_RUN = 4  # host memory a concurrent run may take: its compilers (torch headers) and a torch process
 MAX_DEFAULT_JOBS = 8
 
@@ -206,7 +204,9 @@ class Job:
 
 
 def broke_context(result: dict) -> bool:
-    return any(mark in test.get("message", "") for test in result.get("tests", []) for mark in BROKEN_CONTEXT)
+    """A kernel of the run broke its process's CUDA context (conftest.py records the first such error):
+    in a single run every later test of the lab fails with it, the perf cases included."""
+    return bool(result.get("broken_context"))
 
 
 def merge_phases(shared: dict, alone: dict) -> dict:
@@ -407,8 +407,9 @@ def is_clean(row: dict) -> bool:
     return row["ran"] and not row["errors"] and not row["process_error"]
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_visible() -> bool:
-    """A GPU the driver sees (nvidia-smi -L lists one)."""
+    """A GPU the driver sees (nvidia-smi -L lists one). Asked once per process, not once per lab."""
     if not shutil.which("nvidia-smi"):
         return False
     return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
