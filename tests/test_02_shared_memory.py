@@ -352,4 +352,20 @@ MUTANTS = [
                    "\"padded tile: a column read touches 32 different banks\");\n",
                    "constexpr int kPaddedRowStride = kTile;\n", tests="test_perf_padded_vs_copy",
                    expect="below the student bar", perf=True),
+    # Perf (issue 11, class 6): the tile staged in shared memory but not used to turn the block around: each thread
+    # writes back the elements it read, so a warp's 32 stores land in 32 output rows, as in the naive kernel. Correct
+    # (the same element goes to the same place), and the tiled rung's technique, coalesced writes, is gone.
+    harness.Mutant("tile-written-untransposed", "transpose.cu",
+                   "  const int64_t out_col = origin.row + lane;\n"
+                   "#pragma unroll\n"
+                   "  for (int j = 0; j < kRowsPerThread; ++j) {\n"
+                   "    const int64_t out_row = origin.col + threadIdx.y + j * kBlockRows;\n"
+                   "    if (out_row < shape.cols && out_col < shape.rows) {\n"
+                   "      result[out_row * shape.rows + out_col] = tile[lane][threadIdx.y + j * kBlockRows];\n",
+                   "#pragma unroll\n"
+                   "  for (int j = 0; j < kRowsPerThread; ++j) {\n"
+                   "    const int64_t in_row = origin.row + threadIdx.y + j * kBlockRows;\n"
+                   "    if (in_row < shape.rows && in_col < shape.cols) {\n"
+                   "      result[in_col * shape.rows + in_row] = tile[threadIdx.y + j * kBlockRows][lane];\n",
+                   tests="test_perf_tiled_vs_copy", expect="below the student bar", perf=True),
 ]

@@ -208,9 +208,12 @@ def test_sum_is_bitwise_deterministic(n, dtype):
     """The same input gives the same bits on every run: the guarantee of the two-pass sum."""
     runs = 8
     x = random_tensor((n,), dtype)
-    first = LAB.module.sum(x)
+    first = LAB.module.sum(x)  # checked (harness.calls): x left unchanged
     for run in range(2, runs + 1):
-        again = LAB.module.sum(x)
+        # The repeats skip the per-call input snapshot: at 2^28 elements it copies 1 GiB to the host twice
+        # a call (16 s of this lab's 60 on an H100), and the first call already checked it.
+        with harness.calls.unchecked():
+            again = LAB.module.sum(x)
         if not torch.equal(first, again):
             raise harness.GradeFailure(
                 f"sum of the same {n} {dtype_name(dtype)} elements gave {first.item()!r} on run 1 and {again.item()!r} "
@@ -438,4 +441,9 @@ MUTANTS = [
     # with the order in which ~1000 blocks finish (caught whenever two of the 8 runs differ).
     harness.Mutant("atomics-in-deterministic-sum", "wrapper.cpp", "/*deterministic=*/true", "/*deterministic=*/false",
                    tests="bitwise", expect="not bitwise identical"),
+    # Perf (issue 11, class 6). No mutant: the two candidates for "the lesson's technique removed" ran as fast as
+    # the reference on an H100 (tools/gpu/probe/perf_mutants.py, 2026-11-22): a plain grid-stride loop of 4-byte
+    # loads with one accumulator 0.982x torch.sum, 16-byte loads one per trip (`#pragma unroll 1`) 0.998x, the
+    # reference 0.992x. On a full one-wave grid each thread's single load already puts 32 KB per SM in flight;
+    # the sum's speed comes from the grid, which test_sum_grid grades on the CPU.
 ]

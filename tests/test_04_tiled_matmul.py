@@ -301,8 +301,14 @@ def _perf_operands():
 # the targets keep a margin below those. Kernel 7's is SYLLABUS's 0.70x (stretch 0.85x). The
 # student bars are what a first correct version reaches: kernels 3 and 5 are the student's, and
 # kernels 6 and 7 run the student's kernel 5 when can_vectorize (lab04.3) says no.
-PERF_BARS = [(1, 0.004, 0.005), (2, 0.05, 0.08), (3, 0.08, 0.12), (4, 0.15, 0.25), (5, 0.3, 0.5), (6, 0.4, 0.55),
-             (7, 0.5, 0.7)]
+# Student bars (issue 11, class 6), from an H100 run of tools/gpu/probe/perf_mutants.py (2026-11-22): k3 0.167x, and
+# 0.072x with its products read from global memory (no shared-memory reuse): bar 0.12; k5 0.633x, and 0.133x with
+# 1D instead of 2D register reuse: bar 0.45; k7 0.883x, and 0.633x when can_vectorize (lab04.3) always says no
+# (k6 and k7 then run k5): bar 0.75. k6 stays at 0.40: k5 and k6 differ by 4%, no bar tells them apart.
+# Reference targets: k3's and k7's raised with their bars (the reference reaches 0.17x and 0.88x; k7's is the
+# syllabus's stretch, 0.85x).
+PERF_BARS = [(1, 0.004, 0.005), (2, 0.05, 0.08), (3, 0.12, 0.15), (4, 0.15, 0.25), (5, 0.45, 0.5), (6, 0.4, 0.55),
+             (7, 0.75, 0.85)]
 
 
 @requires_gpu
@@ -347,4 +353,26 @@ MUTANTS = [
                    "(col0 + b_col < N) ?", tests="test_matmul_guard_bands and k5", expect="read outside A or B"),
     harness.Mutant("misalignment-ignored", "06_vectorized.cu", "return rows_aligned && bases_aligned;",
                    "return rows_aligned;", tests="test_can_vectorize", expect="16-byte boundary", needs_gpu=False),
+    # Perf (issue 11, class 6): each student rung without its technique, correct and slower.
+    # Kernel 3 without shared-memory reuse: the tiles are still loaded, but the products read A and B from global
+    # memory (through L1/L2), as kernel 2 does.
+    harness.Mutant("k3-products-from-global", "03_smem_tiles.cu",
+                   "    for (int k = 0; k < kTile; ++k) acc += a_tile[ty][k] * b_tile[k][tx];\n",
+                   "    for (int k = 0; k < kTile; ++k) {\n"
+                   "      if (row < M && col < N && k0 + k < K) acc += A[row * K + k0 + k] * B[(k0 + k) * N + col];\n"
+                   "    }\n",
+                   tests="test_perf and k3", expect="below the student bar", perf=True),
+    # Kernel 5 with 1D instead of 2D register blocking: the B fragment stays in registers, but every product reads
+    # its A value from shared memory again (volatile: no reuse from registers), 72 shared loads per 64 FMAs, as in
+    # kernel 4 (9 per 8), instead of 16.
+    harness.Mutant("k5-1d-register-reuse", "05_blocktiling_2d.cu",
+                   "        for (int j = 0; j < kThreadN; ++j) acc[i][j] += a_frag[i] * b_frag[j];\n",
+                   "        for (int j = 0; j < kThreadN; ++j)\n"
+                   "          acc[i][j] += *static_cast<volatile float*>(&a_tile[thread_row + i][k]) * b_frag[j];\n",
+                   tests="test_perf and k5", expect="below the student bar", perf=True),
+    # can_vectorize (lab04.3) always no, the task's stub: kernels 6 and 7 then run the student's kernel 5, correct on
+    # every shape and as fast as kernel 5. Only the kernel 7 bar can tell (kernel 6 is within a few % of kernel 5).
+    harness.Mutant("never-vectorize", "06_vectorized.cu", "return rows_aligned && bases_aligned;",
+                   "return false && rows_aligned && bases_aligned;", tests="test_perf and k7",
+                   expect="below the student bar", perf=True),
 ]

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -94,10 +95,11 @@ def _sanitize_as_asked(args, python: str, result: dict, lab, impl: str, *, label
 def _sanitize_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_prefix: str = "",
                    quiet: bool = False) -> None:
     tools = runner.QUICK_TOOLS if quick else runner.SANITIZER_TOOLS
+    started = time.monotonic()
     rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick,
                            label_prefix=label_prefix, quiet=quiet)
     result["sanitizer"] = rows
-    result["sanitizer_seconds"] = round(sum(r["seconds"] for r in rows), 1)
+    result["sanitizer_seconds"] = round(time.monotonic() - started, 1)  # wall time: the quick pass's tools overlap
     dirty = [r for r in rows if not runner.is_clean(r)]
     if dirty:
         lines = [f"compute-sanitizer {r['tool']}: {r['findings'][0] if r['findings'] else r['process_error'] or ''}"
