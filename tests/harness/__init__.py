@@ -6,7 +6,10 @@ submission) comes from `./course grade --impl` through the COURSE_IMPL variable.
 """
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+import traceback
 
 import pytest
 import torch
@@ -39,6 +42,7 @@ class LabHandle:
         self.lab = trees.find_lab(number)
         self.tree = trees.resolve_tree()
         self._checked = None
+        self._python: dict[str, object] = {}  # name -> module, or the GradeFailure its import raised
 
     @property
     def module(self):
@@ -59,6 +63,37 @@ class LabHandle:
                 ) from None
             self._checked = calls.CheckedModule(raw, self.lab.name)
         return self._checked
+
+    def python(self, name: str):
+        """The graded tree's `<lab dir>/<name>.py` (e.g. lab 06's autograd.py), imported as a fresh module
+        under a name unique to the tree, once per handle. A file that does not import (a syntax error,
+        an exception at import time) fails every test that asks for it, naming the file and line."""
+        if name not in self._python:
+            path = self.lab.dir_in(self.tree) / f"{name}.py"
+            module_name = f"course_{self.tree.tag}_{self.lab.module_stem}_{name}"
+            try:
+                if not path.is_file():
+                    raise GradeFailure(f"lab {self.lab.name} ({self.tree.path}) has no {name}.py: expected {path}")
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module  # dataclasses, pickling and tracebacks look modules up here
+                try:
+                    spec.loader.exec_module(module)
+                except SyntaxError as error:
+                    raise GradeFailure(f"{path}:{error.lineno}: {name}.py does not parse: {error.msg}\n"
+                                       f"    {(error.text or '').strip()}") from None
+                except Exception as error:
+                    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
+                    where = f"{path}:{frames[-1].lineno}" if frames else str(path)
+                    raise GradeFailure(f"{where}: importing {name}.py raised {type(error).__name__}: {error}") from None
+                self._python[name] = module
+            except GradeFailure as failure:
+                sys.modules.pop(module_name, None)
+                self._python[name] = failure
+        found = self._python[name]
+        if isinstance(found, GradeFailure):
+            raise GradeFailure(str(found))
+        return found
 
     def assert_close(self, out, ref, *, case, tol, **kw) -> float:
         return check.assert_close(out, ref, case=case, tol=tol, **kw)

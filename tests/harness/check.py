@@ -3,6 +3,7 @@ failure messages that say what went wrong, where, and what to do next."""
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -47,6 +48,111 @@ def poison_allocator(numel: int, dtype: torch.dtype, device="cuda") -> None:
     """
     block = poisoned((max(1, numel),), dtype, device)
     del block
+
+
+# The caching allocator rounds every request up to a multiple of this many bytes: the bytes after a
+# tensor's end up to that boundary belong to its block alone (PyTorch's CUDACachingAllocator, kMinBlockSize).
+ALLOCATOR_ROUNDING = 512
+_SMALL_REQUEST = 2**20  # the largest request served from the allocator's small pool (2 MiB segments)
+_LARGE_SEGMENT = 2 * 2**20  # large segments are whole multiples of this; requests of 10 MiB+ get their own
+POISON_BYTE = 0xFF  # a byte that makes NaN in every floating dtype (and -1 / the max in integer ones)
+SPILL_HINT = ("a loop bound that lets one more index through (<= n instead of < n), or a vector access that starts "
+              "inside the output and runs past its end")
+
+
+def device_bytes(address: int, count: int) -> torch.Tensor:
+    """A uint8 tensor aliasing `count` bytes of device memory at `address`, without owning them: for
+    reading memory the caching allocator holds but no tensor covers (the slack after a tensor's end)."""
+    class Alias:
+        __cuda_array_interface__ = {"shape": (count,), "typestr": "|u1", "data": (address, False), "version": 2}
+
+    return torch.as_tensor(Alias(), device="cuda")
+
+
+class PoisonedPool:
+    """Outputs an op allocates itself, poisoned and guarded (issue 11, class 1):
+
+        with harness.check.PoisonedPool(large_bytes=y_bytes) as pool:
+            y = LAB.module.op(x)  # one op call; inputs made before, outside the pool
+        pool.assert_no_spill(y, name="y", case=case)
+
+    Inside the block every allocation of this thread comes from a private memory pool (torch.cuda.MemPool)
+    whose memory was filled with POISON_BYTE first: an output element the op never writes reads as NaN,
+    wherever in the pool the op's allocator calls land, and the bytes between an output's end and its
+    allocator block's end (up to 511 bytes: ALLOCATOR_ROUNDING) stay POISON_BYTE unless a kernel writes past
+    the output's end. That slack is where a `<=` loop bound or a vector that runs past the last element
+    writes without any comparison of the output seeing it. `large_bytes`: the bytes of the op's
+    allocations over 1 MiB, poisoned in one segment (the small ones share a 2 MiB segment).
+
+    Memory freed inside the block no longer holds poison: an output carved from a temporary that the op
+    freed first would show the temporary's bytes in its slack. So the block holds one op call whose
+    outputs are allocated before it frees any temporary (as a wrapper that allocates every output, then
+    launches, does), with its inputs made before the block.
+
+    The pool object is destroyed on leaving the block (the outputs keep their memory, which returns to
+    the allocator when they die): PyTorch aborts the process if a MemPool is destroyed while another
+    pool or a CUDA graph capture is routing allocations, which a pool left to the garbage collector
+    (kept alive by a failure's traceback, say) could be. So no graph capture or second PoisonedPool
+    inside the block.
+
+    Without the caching allocator (PYTORCH_NO_CUDA_MEMORY_CACHING=1, as under compute-sanitizer, where
+    memcheck sees such writes itself) it does nothing: outputs come from the op's own cudaMalloc.
+    """
+
+    def __init__(self, large_bytes: int = 0):
+        self.large_bytes = large_bytes
+        self._pool = None
+        self._context = None
+        self._ranges: list[tuple[int, int]] = []  # [start, end) addresses filled with POISON_BYTE
+
+    def __enter__(self) -> "PoisonedPool":
+        if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1":
+            return self
+        if self.large_bytes:
+            # An earlier pool's memory goes back to the driver only at an empty_cache (its outputs outlived it):
+            # release it before taking another large segment.
+            torch.cuda.empty_cache()
+        self._pool = torch.cuda.MemPool()
+        self._context = torch.cuda.use_mem_pool(self._pool)
+        self._context.__enter__()
+        # Two requests of the small pool's largest size fill one 2 MiB small segment; one request of 10 MiB
+        # or more gets a large segment of exactly its size, rounded up to 2 MiB.
+        sizes = [_SMALL_REQUEST, _SMALL_REQUEST]
+        if self.large_bytes:
+            want = max(self.large_bytes + _LARGE_SEGMENT, 10 * 2**20)
+            sizes.append(-(-want // _LARGE_SEGMENT) * _LARGE_SEGMENT)
+        fills = [torch.full((n,), POISON_BYTE, dtype=torch.uint8, device="cuda") for n in sizes]
+        self._ranges = [(t.data_ptr(), t.data_ptr() + t.numel()) for t in fills]
+        del fills  # back to the pool: the op's allocations are carved out of this memory
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._context is not None:
+            self._context.__exit__(*exc)
+            self._context = None
+            self._pool = None  # destroyed here, while no pool routes allocations (see above)
+
+    def assert_no_spill(self, out: torch.Tensor, *, name: str, case: str, hint: str = "") -> None:
+        """The allocator slack after `out`'s storage is still poison: nothing was written past its end."""
+        if not self._ranges or out.numel() == 0:
+            return
+        storage = out.untyped_storage()
+        start, nbytes = storage.data_ptr(), storage.nbytes()
+        end = start + nbytes
+        block_end = start + -(-nbytes // ALLOCATOR_ROUNDING) * ALLOCATOR_ROUNDING
+        if end == block_end or not any(lo <= start and block_end <= hi for lo, hi in self._ranges):
+            return  # no slack, or memory that was not poisoned first (nothing known about what it held)
+        torch.cuda.synchronize()
+        slack = device_bytes(end, block_end - end)
+        written = (slack != POISON_BYTE).nonzero().flatten().tolist()
+        if written:
+            size = out.element_size()
+            elements = sorted({nbytes // size + i // size for i in written})
+            shown = ", ".join(f"{name}.flatten()[{e}]" for e in elements[:4])
+            raise GradeFailure(
+                f"{case}: wrote past the end of {name}: {len(written)} bytes after its last element changed, "
+                f"at {shown}{' ...' if len(elements) > 4 else ''} ({name} has {out.numel()} elements)\n"
+                f"  hint: {hint or SPILL_HINT}")
 
 
 def random_tensor(shape, dtype: torch.dtype, device="cuda", generator=None) -> torch.Tensor:
