@@ -10,10 +10,10 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -22,6 +22,7 @@ import env  # noqa: E402
 import labgen  # noqa: E402
 import report  # noqa: E402
 import runner  # noqa: E402
+import sanitizer  # noqa: E402
 
 trees = env.load_trees()
 ROOT = trees.ROOT
@@ -67,7 +68,7 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
             continue
         results.append(run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose,
                                      lab=lab, deadline_s=args.deadline, seed=args.seed))
-        _sanitize_as_asked(args, python, results[-1], lab, impl)
+        sanitizer.run_as_asked(args, python, results[-1], lab, impl)
     totals = report.print_summary(results, verbose=args.verbose)
     if getattr(args, "json", None):
         report.write_json(Path(args.json), {"impl": impl, "results": results})
@@ -77,35 +78,6 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
         report.write_json(out, report.gradescope(results))
         print(f"[course] wrote Gradescope's results.json to {out}")
     return 0 if report.all_passed(totals) else 1
-
-
-def _sanitize_as_asked(args, python: str, result: dict, lab, impl: str, *, label_prefix: str = "",
-                       quiet: bool = False) -> None:
-    """`grade --sanitize`: the four tools over every correctness case. `grade` on a GPU, unless
-    --no-sanitize: the quick pass (memcheck, racecheck, synccheck over the grader's SANITIZE_CASES),
-    which finds the out-of-bounds writes and races that leave every compared element right."""
-    if getattr(args, "sanitize", False):
-        _sanitize_into(python, result, lab, impl, quick=False, label_prefix=label_prefix, quiet=quiet)
-    elif getattr(args, "quick_sanitize", False) and not result.get("error") and runner.sanitizer_available():
-        built = [t for t in result.get("tests", []) if t["name"] == "test_builds"]
-        if built and built[0]["outcome"] == "passed":
-            _sanitize_into(python, result, lab, impl, quick=True, label_prefix=label_prefix, quiet=quiet)
-
-
-def _sanitize_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_prefix: str = "",
-                   quiet: bool = False) -> None:
-    tools = runner.QUICK_TOOLS if quick else runner.SANITIZER_TOOLS
-    started = time.monotonic()
-    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick,
-                           label_prefix=label_prefix, quiet=quiet)
-    result["sanitizer"] = rows
-    result["sanitizer_seconds"] = round(time.monotonic() - started, 1)  # wall time: the quick pass's tools overlap
-    dirty = [r for r in rows if not runner.is_clean(r)]
-    if dirty:
-        lines = [f"compute-sanitizer {r['tool']}: {r['findings'][0] if r['findings'] else r['process_error'] or ''}"
-                 for r in dirty]
-        result["error"] = ("\n  ".join(lines) + f"\n  hint: ./course sanitize {lab.number} --impl {impl} "
-                           f"--tool {dirty[0]['tool']} lists every finding with its thread and block")
 
 
 def _gradescope_out(args) -> Path:
@@ -173,7 +145,7 @@ def _grade_submissions(args) -> int:
                 results.append(run_lab_tests(python, [lab.test_file], str(submission),
                                              f"{submission.name}-{lab.name}", verbose=args.verbose, lab=lab,
                                              deadline_s=args.deadline, seed=args.seed))
-                _sanitize_as_asked(args, python, results[-1], lab, str(submission),
+                sanitizer.run_as_asked(args, python, results[-1], lab, str(submission),
                                    label_prefix=f"{submission.name}-{lab.name}-")
     if shard_tag:  # `report merge` checks that the shards it gets are one split, and complete
         for results in everything.values():
@@ -205,7 +177,7 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
     labs = {lab.name: lab for labs in plan.values() for lab in labs}
 
     def sanitize(job: runner.Job, result: dict) -> None:
-        _sanitize_as_asked(args, python, result, labs[job.lab], job.impl, label_prefix=f"{job.label}-", quiet=True)
+        sanitizer.run_as_asked(args, python, result, labs[job.lab], job.impl, label_prefix=f"{job.label}-", quiet=True)
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -359,12 +331,17 @@ def cmd_sanitize(args) -> int:
     python = env.python_for("test")
     lab = trees.find_lab(args.lab)
     impl = _impl(args.impl)
-    tools = tuple(args.tool) if args.tool else runner.SANITIZER_TOOLS
-    rows = runner.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools)
+    tools = tuple(args.tool) if args.tool else sanitizer.SANITIZER_TOOLS
+    if not sanitizer.sanitizer_available():
+        print("./course sanitize: needs compute-sanitizer (it ships with the CUDA toolkit, in $CUDA_HOME/bin: put "
+              "that on PATH) and a GPU the driver sees (nvidia-smi -L); "
+              f"this machine has {'no GPU' if shutil.which('compute-sanitizer') else 'no compute-sanitizer on PATH'}")
+        return 2
+    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools)
     report.print_sanitizer(lab.name, impl, rows)
     if args.json:
         report.write_json(Path(args.json), {"lab": lab.name, "impl": impl, "tools": rows})
-    return 0 if all(runner.is_clean(r) for r in rows) else 1
+    return 0 if all(sanitizer.is_clean(r) for r in rows) else 1
 
 
 def cmd_labs(args) -> int:
@@ -542,7 +519,7 @@ def main(argv=None) -> int:
             cmd_sanitize)
     p.add_argument("lab")
     p.add_argument("--impl", default="labs", help=impl_help)
-    p.add_argument("--tool", action="append", choices=runner.SANITIZER_TOOLS, help="only this tool (repeatable)")
+    p.add_argument("--tool", action="append", choices=sanitizer.SANITIZER_TOOLS, help="only this tool (repeatable)")
     p.add_argument("--json", help="write the findings as JSON here")
     p = add("build", "compile one lab (JIT, as the grader does) and report the time", cmd_build)
     p.add_argument("lab")

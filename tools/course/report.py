@@ -15,7 +15,7 @@ from pathlib import Path
 
 import env
 import labgen
-import runner
+import sanitizer
 
 trees = env.load_trees()
 _COLOUR = sys.stdout.isatty()
@@ -123,7 +123,7 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
                   f"(student bar {case['student_bar']:.2f}x, reference target {case['target']:.2f}x)")
         if result.get("sanitizer"):
             rows = result["sanitizer"]
-            clean = [r["tool"] for r in rows if runner.is_clean(r)]
+            clean = [r["tool"] for r in rows if sanitizer.is_clean(r)]
             print(f"  compute-sanitizer over {rows[0]['tests']} case(s) in {result.get('sanitizer_seconds', 0):.0f} s: "
                   + (f"{', '.join(clean)} clean" if clean else "no tool clean")
                   + ("" if len(clean) == len(rows) else "; findings above"))
@@ -384,7 +384,7 @@ def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
         if row["process_error"] and not row["ran"]:
             status = _tag("ERROR")
         else:
-            status = _tag("PASS") if runner.is_clean(row) else _tag("FAIL")
+            status = _tag("PASS") if sanitizer.is_clean(row) else _tag("FAIL")
         print(f"  {status} {row['tool']:<10} {row['errors']} error(s) over {row['tests']} test(s) "
               f"in {row['seconds']:.0f} s")
         for line in row["findings"]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
-import runner  # noqa: E402
+import sanitizer  # noqa: E402
 
 PASS_RULE = ("a task passes for a student when at least one student test declaring it ran, every one that ran "
              "passed (skipped tests do not count), and the lab built and neither crashed, hung nor had "
@@ -46,7 +46,7 @@ def error_kind(result: dict) -> str | None:
     """Why the grading process of a lab gave no full result: "sanitizer", "hung", "crashed", or None."""
     if not result.get("error"):
         return None
-    if any(not runner.is_clean(row) for row in result.get("sanitizer", [])):
+    if any(not sanitizer.is_clean(row) for row in result.get("sanitizer", [])):
         return "sanitizer"
     # The runner records a hang only in its message; a `hung` field, when it has one, says it outright.
     return "hung" if result.get("hung") or result["error"].startswith(HUNG_PREFIX) else "crashed"

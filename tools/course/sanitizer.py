@@ -1,0 +1,134 @@
+"""compute-sanitizer over a lab's grader: the four tools of `./course sanitize`, and the quick pass `./course grade`
+runs by default on a GPU. Each tool runs the lab's tests in a process of its own (runner.run_pytest) under the
+tool; a row per tool says what it found, in the tool's own words.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import shutil
+import time
+from pathlib import Path
+
+import runner
+
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+# What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
+# Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
+# inside a graph capture, so that test would fail for a reason unrelated to the kernel.
+_SANITIZE_MARKERS, _SANITIZE_KEYWORDS = "not perf and not large", "not notebook and not current_stream"
+SANITIZE_SELECTION = ["-m", _SANITIZE_MARKERS, "-k", _SANITIZE_KEYWORDS]
+# initcheck appears not to see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
+# every read of lab 05's wgmma outputs as uninitialized, while the same cases pass with their
+# outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
+# under the other three tools only.
+INITCHECK_SELECTION = ["-m", f"{_SANITIZE_MARKERS} and not tma_output", "-k", _SANITIZE_KEYWORDS]
+# The quick pass `./course grade` runs by default on a GPU: the grader's SANITIZE_CASES (a few small
+# edge cases per kernel, marker `sanitize`) under the three tools that find what a comparison misses:
+# out-of-bounds accesses (memcheck), shared-memory races (racecheck), barriers in divergent code (synccheck).
+QUICK_TOOLS = ("memcheck", "racecheck", "synccheck")
+QUICK_SELECTION = ["-m", f"sanitize and {_SANITIZE_MARKERS}", "-k", _SANITIZE_KEYWORDS]
+# PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
+# just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
+# caching every tensor is its own allocation, and memcheck catches an access one element out.
+SANITIZE_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+
+# memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
+# "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
+
+
+def is_clean(row: dict) -> bool:
+    """A sanitizer row is clean when the tool ran to its summary and reported nothing."""
+    return row["ran"] and not row["errors"] and not row["process_error"]
+
+
+def sanitizer_available() -> bool:
+    """compute-sanitizer on the PATH and a GPU the driver sees."""
+    return bool(shutil.which("compute-sanitizer")) and runner.gpu_visible()
+
+
+def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
+             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False) -> list[dict]:
+    """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool.
+    `label_prefix` keeps the logs of concurrent runs apart (build/logs/PREFIXsanitize-NN-TOOL.log).
+
+    The quick pass runs its tools at once: each is a process that spends most of its time starting CUDA
+    under the tool and JIT-loading the cached build, on a few small cases that share the GPU harmlessly
+    (none is timed), so three at once take about as long as the slowest one instead of the sum."""
+    def one_tool(tool: str) -> dict:
+        label = f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
+        wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
+        if tool == "racecheck":
+            wrapper += ["--racecheck-report", "hazard"]
+        selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
+        result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
+                            deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
+                            quiet=quiet or quick)
+        log_text = Path(result["log"]).read_text(errors="replace")
+        counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
+        summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
+        tests = result.get("tests", [])
+        return {"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
+                "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings_of(log_text)[:10],
+                "summaries": summaries[:4],
+                "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]}
+
+    if not quick:
+        return [one_tool(tool) for tool in tools]
+    if not quiet:
+        print(f"[course] {label_prefix}sanitize-{lab_number}: the quick pass, {', '.join(tools)} at once ...",
+              flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(tools)) as pool:
+        return list(pool.map(one_tool, tools))
+
+
+def findings_of(log_text: str) -> list[str]:
+    """Each distinct report of a compute-sanitizer log, as its headline ("Invalid __global__ write of size
+    4 bytes", "Error: Race reported between Write access at ... reduce.cuh:115 ...") with its first
+    source location ("at kernel+0x1b0 in file.cu:23") when the headline has none: the tool's own words."""
+    lines = log_text.splitlines()
+    findings = []
+    for index, line in enumerate(lines):
+        if not re.match(r"========= \S", line) or "SUMMARY" in line or "COMPUTE-SANITIZER" in line:
+            continue
+        headline = line.removeprefix("=========").strip()
+        if not re.search(r"\S+:\d+", headline):
+            for detail in lines[index + 1:index + 6]:
+                where = re.match(r"=========\s+at (.*)", detail)
+                if where:
+                    headline += f" (at {where.group(1).strip()})"
+                    break
+        if headline not in findings:
+            findings.append(headline)
+    return findings
+
+
+def run_as_asked(args, python: str, result: dict, lab, impl: str, *, label_prefix: str = "",
+                 quiet: bool = False) -> None:
+    """`grade --sanitize`: the four tools over every correctness case. `grade` on a GPU, unless
+    --no-sanitize: the quick pass (memcheck, racecheck, synccheck over the grader's SANITIZE_CASES),
+    which finds the out-of-bounds writes and races that leave every compared element right."""
+    if getattr(args, "sanitize", False):
+        run_into(python, result, lab, impl, quick=False, label_prefix=label_prefix, quiet=quiet)
+    elif getattr(args, "quick_sanitize", False) and not result.get("error") and sanitizer_available():
+        built = [t for t in result.get("tests", []) if t["name"] == "test_builds"]
+        if built and built[0]["outcome"] == "passed":
+            run_into(python, result, lab, impl, quick=True, label_prefix=label_prefix, quiet=quiet)
+
+
+def run_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_prefix: str = "",
+             quiet: bool = False) -> None:
+    """Run the tools (quick: the quick pass) and put their rows, and a failing lab's error, into `result`."""
+    tools = QUICK_TOOLS if quick else SANITIZER_TOOLS
+    started = time.monotonic()
+    rows = sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick,
+                    label_prefix=label_prefix, quiet=quiet)
+    result["sanitizer"] = rows
+    result["sanitizer_seconds"] = round(time.monotonic() - started, 1)  # wall time: the quick pass's tools overlap
+    dirty = [r for r in rows if not is_clean(r)]
+    if dirty:
+        lines = [f"compute-sanitizer {r['tool']}: {r['findings'][0] if r['findings'] else r['process_error'] or ''}"
+                 for r in dirty]
+        result["error"] = ("\n  ".join(lines) + f"\n  hint: ./course sanitize {lab.number} --impl {impl} "
+                           f"--tool {dirty[0]['tool']} lists every finding with its thread and block")
