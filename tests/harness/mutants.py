@@ -34,18 +34,40 @@ class Mutant:
 
 def plant(lab: trees.Lab, root: trees.Path, edits: list[tuple[str, str, str]], source: str = "solutions") -> trees.Path:
     """A submission folder `root` (laid out like labs/) holding `lab` copied from the `source`
-    tree, with each (file, old, new) edit applied; `old` must occur exactly once in its file."""
+    tree, with each (file, old, new) edit applied; `old` must occur exactly once in its file.
+
+    A folder that already holds exactly these files is left as it is: its files keep their times, so
+    the JIT build of an earlier run of the same submission is still up to date (ninja rebuilds what
+    is newer than its objects) and grading it again does not compile again."""
     folder = root / lab.name
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(lab.dir_in(trees.resolve_tree(source)), folder)
+    staging = root.parent / f".{root.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(lab.dir_in(trees.resolve_tree(source)), staging / lab.name)
     for file, old, new in edits:
-        target = folder / file
+        target = staging / lab.name / file
         text = target.read_text()
         count = text.count(old)
         if count != 1:
+            shutil.rmtree(staging)
             raise AssertionError(f"{root.name}: {old!r} occurs {count} times in {file}, not once")
         target.write_text(text.replace(old, new))
+    if not (folder.is_dir() and _files(folder) == _files(staging / lab.name)):
+        shutil.rmtree(folder, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        (staging / lab.name).rename(folder)
+    shutil.rmtree(staging)
     return root
+
+
+def _files(folder: trees.Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def pytest_command(lab: trees.Lab, report: trees.Path, *, k: str | None, perf: bool) -> list[str]:
+    """The grading process of a planted submission (its tree in COURSE_IMPL): the lab's tests that `k`
+    selects, the perf tests or the others, each test's record written to `report`."""
+    return [sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
+            *(["-k", k] if k else []), f"--course-json={report}", "-m", "perf" if perf else "not perf"]
 
 
 def make_tree(lab: trees.Lab, mutant: Mutant) -> trees.Path:
@@ -58,8 +80,7 @@ def grade(lab: trees.Lab, mutant: Mutant, timeout_s: int = 900) -> list[dict]:
     root = make_tree(lab, mutant)
     report = root / "result.json"
     report.unlink(missing_ok=True)  # a report left by an earlier run must not stand in for this one
-    command = [sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
-               "-k", mutant.tests, f"--course-json={report}", "-m", "perf" if mutant.perf else "not perf"]
+    command = pytest_command(lab, report, k=mutant.tests, perf=mutant.perf)
     env = dict(os.environ, **{trees.IMPL_ENV: str(root)})
     run = subprocess.run(command, cwd=trees.ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     if not report.exists():

@@ -27,17 +27,16 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
+import harness  # noqa: E402
 from harness import build, jit, perf, trees  # noqa: E402
+
+os.environ[trees.IMPL_ENV] = sys.argv[1] if len(sys.argv) > 1 else "solutions"  # the tree harness.lab("06") takes
 
 SHAPE = (8192, 8192)
 REPS = 30
-lab = trees.find_lab("06")
-tree = trees.resolve_tree(sys.argv[1] if len(sys.argv) > 1 else "solutions")
-ops = build.build(lab, tree)
-autograd_path = lab.dir_in(tree) / "autograd.py"
-namespace: dict = {}
-exec(compile(autograd_path.read_text(), str(autograd_path), "exec"), namespace)
-bias_gelu = namespace["bias_gelu"]
+LAB = harness.lab("06")
+ops = build.build(LAB.lab, LAB.tree)  # the raw module: LAB.module's per-call input checks would be timed too
+bias_gelu = LAB.python("autograd").bias_gelu
 results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": list(SHAPE)}
 copy_gbps = perf.copy_bandwidth()
 results["copy_gbps"] = round(copy_gbps, 1)
@@ -66,6 +65,16 @@ def kernels(fn, label: str) -> list[dict]:
             if e.device_time_total > 0]
     print(f"    kernels of {label}: " + "; ".join(f"{r['name']} {r['us']} us" for r in rows))
     return rows
+
+
+def peak_mib(run) -> float:
+    """MiB allocated at run()'s peak above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def measure(dtype: torch.dtype) -> dict:
@@ -149,12 +158,7 @@ def measure(dtype: torch.dtype) -> dict:
     # Peak memory of forward + backward above what is allocated before (x, b, g live throughout).
     def live_x(fn):
         xg, bg = x.clone().requires_grad_(), b.clone().requires_grad_()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn(xg, bg).backward(g)
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        return peak_mib(lambda: fn(xg, bg).backward(g))
 
     row["peak_live_x_MiB"] = {k: round(live_x(f), 1) for k, f in (
         ("eager", eager_fwd), ("fused", lambda xg, bg: bias_gelu(xg, bg, ops=ops)), ("compiled", compiled_fwd))}
@@ -163,12 +167,7 @@ def measure(dtype: torch.dtype) -> dict:
 
     def layer(fn):
         wg, bg = weight.clone().requires_grad_(), b.clone().requires_grad_()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn(inp @ wg.t(), bg).backward(g)
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        return peak_mib(lambda: fn(inp @ wg.t(), bg).backward(g))
 
     row["peak_layer_MiB"] = {k: round(layer(f), 1) for k, f in (
         ("eager", eager_fwd), ("fused", lambda h, bg: bias_gelu(h, bg, ops=ops)), ("compiled", compiled_fwd))}

@@ -27,7 +27,6 @@ import argparse
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -52,30 +51,6 @@ def perf_mutants_of(lab: trees.Lab) -> list[mutants.Mutant]:
     return [m for m in getattr(module, "MUTANTS", []) if m.perf]
 
 
-def _files(folder: Path) -> dict[Path, bytes]:
-    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def plant(lab: trees.Lab, mutant: mutants.Mutant) -> Path:
-    """mutants.make_tree's tree, replaced only when its text changed: an unchanged tree keeps its files' times,
-    so ninja finds its build up to date (make_tree itself rewrites the planted file every time)."""
-    root = REPORTS / lab.name / mutant.name
-    staging = REPORTS / ".staging" / lab.name / mutant.name
-    mutants.plant(lab, staging, [(mutant.file, mutant.old, mutant.new)])  # raises unless `old` occurs once
-    if (root / lab.name).is_dir() and _files(root / lab.name) == _files(staging / lab.name):
-        shutil.rmtree(staging)
-        return root
-    shutil.rmtree(root / lab.name, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    (staging / lab.name).rename(root / lab.name)
-    shutil.rmtree(staging)
-    return root
-
-
-def remove_staging() -> None:
-    shutil.rmtree(REPORTS / ".staging", ignore_errors=True)
-
-
 def build(lab: trees.Lab, impl: str) -> dict:
     """`./course build LAB --impl IMPL` in its own process: the build the grading process will reuse."""
     command = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number,
@@ -95,8 +70,7 @@ def time_perf(lab: trees.Lab, impl: str, report: Path, k_expression: str | None)
     """The lab's perf tests (those -k selects) in a pytest process, as mutants.grade runs them."""
     report.parent.mkdir(parents=True, exist_ok=True)
     report.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
-               *(["-k", k_expression] if k_expression else []), f"--course-json={report}", "-m", "perf"]
+    command = mutants.pytest_command(lab, report, k=k_expression, perf=True)
     env = dict(os.environ, **{trees.IMPL_ENV: impl})
     started = time.monotonic()
     try:
@@ -232,10 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             plan.append((lab, None, None))
         for mutant in chosen:
             try:
-                plan.append((lab, mutant, plant(lab, mutant)))
+                plan.append((lab, mutant, mutants.make_tree(lab, mutant)))
             except AssertionError as error:  # mutants.plant: `old` does not occur exactly once
                 problems.append(f"{lab.name} {mutant.name}: {error}")
-    remove_staging()
     if problems:
         print("could not plant:\n    " + "\n    ".join(problems), file=sys.stderr)
         return 2
