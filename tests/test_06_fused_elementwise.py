@@ -831,8 +831,8 @@ PERF_DTYPES = [FP32, BF16]
 # `./course bench 06` and tools/gpu/probe/lab06_page.py, site/data/bench/06-fused-elementwise.json): float32 meets
 # every one (forward 1.00x copy, backward 0.95x). bfloat16 with the erf form does not: forward 0.83-0.85x copy,
 # backward 0.87-0.89x. The same kernel with the tanh form reaches 0.92x, and Inductor's fused Triton kernel of
-# F.gelu(x + b) takes the same time as ours (0.110 vs 0.108 ms): at 2 bytes an element the erf's arithmetic, not the
-# memory access, sets the time (an ncu check of that is open). The bf16 copy targets are the measured figures less
+# F.gelu(x + b) takes the same time as ours (0.110 vs 0.108 ms): that points at the erf's arithmetic rather than the
+# memory access at 2 bytes an element (not yet checked with ncu). The bf16 copy targets are the measured figures less
 # a margin (0.80 forward, 0.84 backward) until a faster erf path meets the issue's 0.90.
 # Student bars (issue 11, class 6): a straightforward fused, vectorized kernel passes, the lesson's technique
 # removed fails:
