@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/forward.cu by `./course labs` [lab-hash 6a57c123c57e].
+// Lab skeleton generated from solutions/06-fused-elementwise/forward.cu by `./course labs` [lab-hash 08e8d9cd3805].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06, forward: y = GELU(x + bias) in one pass. PyTorch's unfused F.gelu(x + b) reads x,
@@ -34,11 +34,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // One vector per thread and trip, not lab 01's four. A copy does nothing between its loads and
 // stores, so it keeps bytes in flight by issuing several loads first; here a thread that loaded
 // four vectors holds 32 bfloat16 GELUs' inputs at once. ptxas gives that version 95 registers a
-// thread (two 256-thread blocks, 16 warps, fit an SM's 65536 registers) and this one 32 (64 warps,
-// the SM's limit). Measured on an H100 at (8192, 8192) bfloat16: 0.85x (erf) and 0.95x (tanh) of
-// copy bandwidth with one vector per thread, 0.77x and 0.82x with four; float32 reaches 1.0x with
-// either. That the occupancy is what costs the four-vector version its speed is the reading these
-// figures suggest; no profile has checked it.
+// thread (two 256-thread blocks, 16 warps, fit an SM's 65536 registers) and this one 31-32 (64
+// warps, the SM's limit; `./course build 06 -v`, sm_90a). Measured on an H100 at (8192, 8192)
+// bfloat16: 0.85x (erf) and 0.95x (tanh) of copy bandwidth with one vector per thread, 0.77x and
+// 0.82x with four; float32 reaches 1.0x with either. That the occupancy is what costs the
+// four-vector version its speed is the reading these figures suggest; no profile has checked it.
 template <typename T, GeluForm kForm>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     bias_gelu_vectorized_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,

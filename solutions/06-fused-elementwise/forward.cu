@@ -37,11 +37,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // One vector per thread and trip, not lab 01's four. A copy does nothing between its loads and
 // stores, so it keeps bytes in flight by issuing several loads first; here a thread that loaded
 // four vectors holds 32 bfloat16 GELUs' inputs at once. ptxas gives that version 95 registers a
-// thread (two 256-thread blocks, 16 warps, fit an SM's 65536 registers) and this one 32 (64 warps,
-// the SM's limit). Measured on an H100 at (8192, 8192) bfloat16: 0.85x (erf) and 0.95x (tanh) of
-// copy bandwidth with one vector per thread, 0.77x and 0.82x with four; float32 reaches 1.0x with
-// either. That the occupancy is what costs the four-vector version its speed is the reading these
-// figures suggest; no profile has checked it.
+// thread (two 256-thread blocks, 16 warps, fit an SM's 65536 registers) and this one 31-32 (64
+// warps, the SM's limit; `./course build 06 -v`, sm_90a). Measured on an H100 at (8192, 8192)
+// bfloat16: 0.85x (erf) and 0.95x (tanh) of copy bandwidth with one vector per thread, 0.77x and
+// 0.82x with four; float32 reaches 1.0x with either. That the occupancy is what costs the
+// four-vector version its speed is the reading these figures suggest; no profile has checked it.
 template <typename T, GeluForm kForm>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     bias_gelu_vectorized_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
