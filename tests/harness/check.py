@@ -186,13 +186,17 @@ def assert_close(
     block: int | None = None,
     tile: tuple[int, int] | None = None,
     hint: str = "",
+    floor: torch.Tensor | None = None,
 ) -> float:
     """Check `out` against a float64 reference; return the relative error.
 
-    An element is wrong when |out - ref| > tol * (|ref| + rms(ref)): relative to
+    An element is wrong when |out - ref| > tol * (|ref| + rms(ref) + floor): relative to
     its own size, with a floor at the tensor's typical size so that values near
-    zero are judged on the scale of the data. NaN is always wrong where the
-    reference is finite: outputs start poisoned with NaN, so a NaN usually means
+    zero are judged on the scale of the data. `floor` (per element, broadcast to out) adds
+    the scale of an error that does not shrink with the output: a formula that cancels,
+    such as 0.5 u (1 + erf(u / sqrt 2)) for u << 0, is off by an ulp of 1 times 0.5 |u| however
+    small the result, and a one-element tensor has no rms to absorb that. NaN is always wrong
+    where the reference is finite: outputs start poisoned with NaN, so a NaN usually means
     the element was never written.
     """
     if tuple(out.shape) != tuple(ref.shape):
@@ -202,6 +206,8 @@ def assert_close(
     diff = (got - want).abs()
     scale = want.abs().pow(2).mean().sqrt().item() if want.numel() else 0.0
     allowed = tol * (want.abs() + scale)
+    if floor is not None:
+        allowed = allowed + tol * floor.detach().to(torch.float64).to(got.device).abs()
     bad = ~(diff <= allowed)  # NaN compares False, so NaN counts as wrong
     bad &= ~(want.isnan() & got.isnan())
     # ||out - ref|| / ||ref|| over the elements that were written (NaN ones are counted below);

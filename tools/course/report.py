@@ -389,6 +389,8 @@ def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
               f"in {row['seconds']:.0f} s")
         for line in row["findings"]:
             print(f"       {line}")
+        for line in row.get("failed_tests", []):
+            print(f"       a test failed under {row['tool']} (the tool itself reported nothing on it): {line}")
         if row["process_error"]:
             print(f"       {row['process_error'].splitlines()[0]}")
         if row["errors"] or row["process_error"]:

@@ -71,6 +71,10 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
         tests = result.get("tests", [])
         return {"tool": tool, "errors": sum(counts), "ran": bool(counts), "tests": len(tests),
                 "failed": sum(t["outcome"] == "failed" for t in tests), "findings": findings_of(log_text)[:10],
+                # A test can fail under the tool with nothing to report from the tool itself (a wrong result, an
+                # error that only the tool's slower or uncached allocations expose): named, so it can be rerun.
+                "failed_tests": [f"{t['name']}: {(t['message'].splitlines() or [''])[0][:200]}"
+                                 for t in tests if t["outcome"] == "failed"][:5],
                 "summaries": summaries[:4],
                 "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]}
 

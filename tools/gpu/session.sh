@@ -4,6 +4,8 @@
 #   bash tools/gpu/session.sh tooling           the grader's self-tests: mutants, skeletons, crash/hang isolation
 #   bash tools/gpu/session.sh sanitize "00 01"  compute-sanitizer's four tools over each lab's solution
 #   bash tools/gpu/session.sh builds 00         cold build, then rebuild after touching only the kernel
+#   bash tools/gpu/session.sh seeds "00 01" 5   the correctness tests (not perf, not large) of the solutions under
+#                                               5 more seeds at once: issue 11's zero-false-failure runs
 # Run from the repository root, with .whl carried (nbclient and friends for the notebooks).
 set -u
 phase=${1:?phase: test, tooling, sanitize or builds}
@@ -32,6 +34,18 @@ case $phase in
     kernel=$(ls solutions/"$first"-*/*.cu | head -1)
     { ./course build "$first" --impl solutions --clean; touch "$kernel"; ./course build "$first" --impl solutions; } 2>&1 \
       | grep '\[course\] built' | tee "$OUT/build-times.txt" ;;
+  seeds)
+    # Correctness runs share the GPU safely (timings are not among them); the builds come first, one lab
+    # per process, so that the seeds' processes find them done instead of racing for the same build.
+    for lab in $labs; do ./course build "$lab" --impl solutions >/dev/null 2>&1 & done; wait
+    files=$(for lab in $labs; do ls tests/test_"$lab"_*.py; done)
+    for i in $(seq 1 "${3:-5}"); do
+      # shellcheck disable=SC2086
+      COURSE_SEED=$((COURSE_SEED + i)) python3 -m pytest $files -m "not perf and not large" -q -p no:cacheprovider \
+        -rfE >"$OUT/seed-$((COURSE_SEED + i)).txt" 2>&1 &
+    done
+    wait
+    for f in "$OUT"/seed-*.txt; do echo "$(basename "$f" .txt): $(tail -1 "$f")"; done ;;
 esac
 tar czf "$OUT/logs.tgz" build/logs 2>/dev/null
 echo "phase $phase done"
