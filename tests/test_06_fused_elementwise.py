@@ -1097,8 +1097,9 @@ MUTANTS = [
     harness.Mutant("atomic-block-reduce", "backward.cu", _BLOCK_REDUCE, _ATOMIC_BLOCK_REDUCE,
                    tests="bitwise", expect="not bitwise identical"),
     # The alignment test dropped from vectorizable(): x[1:] then takes 16-byte loads at a 4-byte offset.
-    harness.Mutant("alignment-ignored", "fused_elementwise.h",
-                   "    if (reinterpret_cast<uintptr_t>(p) % kVectorBytes != 0) return false;\n", "",
+    harness.Mutant("alignment-ignored", "forward.cu",
+                   "if (vectorized && vectorizable(cols, kElemsPerVector<T>, {x, bias, y})) {",
+                   "if (vectorized && cols % kElemsPerVector<T> == 0) {",
                    tests="test_forward_unaligned", expect="misaligned address"),
     # Perf (issue 11, class 6): the lesson's technique removed: the launcher never takes the 16-byte kernel.
     harness.Mutant("no-vectorization", "forward.cu",

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/fused_elementwise.h by `./course labs` [lab-hash 4f90be7f5e3d].
+// Lab skeleton generated from solutions/06-fused-elementwise/fused_elementwise.h by `./course labs` [lab-hash 87191e74d287].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06's kernel launchers: plain pointers, sizes and a stream, no torch types, so the kernel
@@ -11,49 +11,31 @@
 #pragma once
 
 #include <course/cuda.cuh>
+#include <course/dtype.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 
 // The two GELUs of torch.nn.functional.gelu: approximate="none" (erf) and approximate="tanh".
 enum class GeluForm { kErf, kTanh };
 
-// --8<-- [start:compute_type]
-// The type the arithmetic runs in: double for double, float for float, __half and
-// __nv_bfloat16. A 16-bit element is widened once on load and rounded once on store, because
-// CUDA has no 16-bit erf (its 16-bit exp and tanh are approximations), and because a chain of
-// 16-bit operations would round at every step (x + b, u^3, exp, two products: each up to 2^-9
-// relative in bfloat16) where float rounds once at the end. Double stays double so that gradcheck's float64 finite
-// differences test the kernel's own arithmetic, not a float32 shortcut inside it.
-template <typename T>
-struct ComputeType {
-  using type = float;
-};
-template <>
-struct ComputeType<double> {
-  using type = double;
-};
-template <typename T>
-using Compute = typename ComputeType<T>::type;
-// --8<-- [end:compute_type]
+// The element types' helpers (Compute<T>, to_compute / from_compute, Pack, kVectorBytes,
+// kElemsPerVector, vectorizable) are the course's, shared with lab 07: include/course/dtype.cuh.
+using course::Compute;
+using course::from_compute;
+using course::kElemsPerVector;
+using course::kVectorBytes;
+using course::Pack;
+using course::to_compute;
+using course::vectorizable;
 
 // --8<-- [start:constants]
 // 256 threads = 8 warps per block, for lesson 00's reasons: whole warps, and 2048 / 256 = 8
 // blocks fill an SM's 2048 resident threads (sm_80, sm_90) without hitting its block cap.
 constexpr int kThreadsPerBlock = 256;
 static_assert(kThreadsPerBlock % course::kWarpSize == 0, "whole warps only");
-
-// 16 bytes is the widest load or store one thread can issue (LDG.E.128 / STG.E.128): 4 floats,
-// 8 halves or bfloat16s, 2 doubles. A warp then moves 32 x 16 = 512 contiguous bytes per
-// instruction, against 64 bytes for 2-byte scalars: 8x fewer instructions for the same bytes.
-constexpr int kVectorBytes = 16;
-template <typename T>
-constexpr int kElemsPerVector = kVectorBytes / static_cast<int>(sizeof(T));
-static_assert(kElemsPerVector<float> == 4 && kElemsPerVector<__nv_bfloat16> == 8 && kElemsPerVector<double> == 2,
-              "16 bytes: 4 floats, 8 bfloat16s or halves, 2 doubles");
 
 // Backward tile: a block owns a strip of columns and a chunk of rows. A warp spans the strip
 // (lane i takes the i-th group of 1 or kElemsPerVector<T> columns), so every load of a warp
@@ -91,21 +73,6 @@ struct FusedConstants {
 };
 constexpr FusedConstants kFusedConstants{course::kWarpSize, kThreadsPerBlock, kVectorBytes,
                                          kColumnThreads,    kRowLanes,        kRowsPerChunk};
-
-// --8<-- [start:vectorizable]
-// Whether the 16-byte kernels apply: every pointer on a 16-byte boundary (a fresh torch
-// allocation is; a view such as x.view(-1)[1:] is not) and cols a multiple of the vector. Then
-// every row starts on a vector boundary too, so no vector straddles two rows, and the bias of
-// a whole vector is one 16-byte load. Anything else (cols = 1, 3, 4097; an offset view) takes
-// the scalar path: correct everywhere, slower.
-inline bool vectorizable(int64_t cols, int elems_per_vector, std::initializer_list<const void*> pointers) {
-  if (cols % elems_per_vector != 0) return false;
-  for (const void* p : pointers) {
-    if (reinterpret_cast<uintptr_t>(p) % kVectorBytes != 0) return false;
-  }
-  return true;
-}
-// --8<-- [end:vectorizable]
 
 // y = GELU(x + bias), rows x cols. vectorized = true takes the 16-byte kernel when
 // vectorizable(); false forces the scalar kernel (for the grader and the notebook).

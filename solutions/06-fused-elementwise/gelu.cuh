@@ -1,6 +1,7 @@
-// Lab 06's device math, shared by the forward and the backward: converting any element type to
-// the compute type and back, the 16-byte packs the vectorized kernels move, and GELU with its
-// derivative in both of torch's forms. Device code only; no torch.
+// Lab 06's device math, shared by the forward and the backward: GELU with its derivative in both
+// of torch's forms. The conversions to the compute type and back and the 16-byte packs that the
+// vectorized kernels move are the course's (include/course/dtype.cuh, through
+// fused_elementwise.h). Device code only; no torch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,48 +11,6 @@
 #include <type_traits>
 
 #include "fused_elementwise.h"
-
-// --8<-- [start:convert]
-// Element -> Compute<T> and back, with the conversion intrinsics rather than casts: torch's
-// extension build defines __CUDA_NO_HALF_CONVERSIONS__ and __CUDA_NO_BFLOAT16_CONVERSIONS__,
-// which remove the implicit ones. Rounding to nearest even on the way back is the one rounding
-// a 16-bit result gets.
-__device__ __forceinline__ float to_compute(float v) { return v; }
-__device__ __forceinline__ double to_compute(double v) { return v; }
-__device__ __forceinline__ float to_compute(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_compute(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_compute(Compute<T> v);
-template <>
-__device__ __forceinline__ float from_compute<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ double from_compute<double>(double v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_compute<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_compute<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-// --8<-- [end:convert]
-
-// --8<-- [start:pack]
-// kElems consecutive elements that one load or store moves: with kElems = kElemsPerVector<T>,
-// 16 bytes aligned to 16, which the compiler turns into one LDG.E.128 / STG.E.128; with
-// kElems = 1, a plain scalar access. The caller guarantees the alignment (vectorizable()).
-template <typename T, int kElems>
-struct alignas(sizeof(T) * kElems) Pack {
-  T v[kElems];
-};
-static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<float, 4>) == kVectorBytes,
-              "a full pack is exactly one 16-byte access");
-// --8<-- [end:pack]
 
 // Overloads that keep each precision in its own functions: erff for float (not erf(double),
 // which would run float data through the slow double path), erf for double.

@@ -10,39 +10,11 @@
 
 namespace {
 
-// --8<-- [start:dispatch]
-// The kernels are templates over CUDA's element types; the dtype is known only at run time.
-// AT_DISPATCH_FLOATING_TYPES_AND2 is a switch over the dtype that runs its lambda once per
-// case with scalar_t set to torch's C++ type: float, double, at::Half, at::BFloat16. The last
-// two are the same 16 bits as CUDA's __half and __nv_bfloat16 under other names, so CudaType
-// maps them and the pointer is reinterpreted, not converted. The dtype is checked before the
-// dispatch, so the macro's own error ("not implemented for 'Int'") is never the one a user sees.
-template <typename T>
-struct CudaTypeOf {
-  using type = T;
-};
-template <>
-struct CudaTypeOf<at::Half> {
-  using type = __half;
-};
-template <>
-struct CudaTypeOf<at::BFloat16> {
-  using type = __nv_bfloat16;
-};
-template <typename T>
-using CudaType = typename CudaTypeOf<T>::type;
-static_assert(sizeof(at::Half) == sizeof(__half) && sizeof(at::BFloat16) == sizeof(__nv_bfloat16),
-              "the same 16-bit formats");
-
-template <typename T>
-const CudaType<T>* cuda_data(const at::Tensor& t) {
-  return reinterpret_cast<const CudaType<T>*>(t.const_data_ptr<T>());
-}
-template <typename T>
-CudaType<T>* cuda_mutable_data(at::Tensor& t) {
-  return reinterpret_cast<CudaType<T>*>(t.mutable_data_ptr<T>());
-}
-// --8<-- [end:dispatch]
+// The dtype dispatch's helpers (course/torch_op.h): torch's element type -> CUDA's, and a
+// tensor's data as a pointer to it.
+using course::cuda_data;
+using course::cuda_mutable_data;
+using course::CudaType;
 
 GeluForm parse_approximate(const std::string& approximate, const char* op) {
   if (approximate == "none") return GeluForm::kErf;

@@ -1,0 +1,102 @@
+// The course's element types in kernels: the type the arithmetic runs in, the conversions to it
+// and back, and the 16-byte packs that vectorized kernels move, for float, double, __half and
+// __nv_bfloat16. Labs 06 and 07 (and later ones) share them. No torch header: kernel sources include
+// this, and so may host code (a wrapper reads Compute<T> and vectorizable()).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace course {
+
+// --8<-- [start:compute_type]
+// The type the arithmetic runs in: double for double, float for float, __half and
+// __nv_bfloat16. A 16-bit element is widened once on load and rounded once on store, because
+// CUDA has few 16-bit math functions (no erf; its 16-bit exp and tanh are approximations), and
+// because a chain of 16-bit operations would round at every step (lab 06's x + b, u^3, exp, two
+// products: each up to 2^-9 relative in bfloat16) where float rounds once at the end. Double
+// stays double so that gradcheck's float64 finite differences test the kernel's own arithmetic,
+// not a float32 shortcut inside it.
+template <typename T>
+struct ComputeType {
+  using type = float;
+};
+template <>
+struct ComputeType<double> {
+  using type = double;
+};
+template <typename T>
+using Compute = typename ComputeType<T>::type;
+// --8<-- [end:compute_type]
+
+// --8<-- [start:convert]
+// Element -> Compute<T> and back, with the conversion intrinsics rather than casts: torch's
+// extension build defines __CUDA_NO_HALF_CONVERSIONS__ and __CUDA_NO_BFLOAT16_CONVERSIONS__,
+// which remove the implicit ones. Rounding to nearest even on the way back is the one rounding
+// a 16-bit result gets.
+__device__ __forceinline__ float to_compute(float v) { return v; }
+__device__ __forceinline__ double to_compute(double v) { return v; }
+__device__ __forceinline__ float to_compute(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_compute(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_compute(Compute<T> v);
+template <>
+__device__ __forceinline__ float from_compute<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ double from_compute<double>(double v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_compute<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_compute<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+// --8<-- [end:convert]
+
+// --8<-- [start:pack]
+// 16 bytes is the widest load or store one thread can issue (LDG.E.128 / STG.E.128): 4 floats,
+// 8 halves or bfloat16s, 2 doubles. A warp then moves 32 x 16 = 512 contiguous bytes per
+// instruction, against 64 bytes for 2-byte scalars: 8x fewer instructions for the same bytes.
+constexpr int kVectorBytes = 16;
+template <typename T>
+constexpr int kElemsPerVector = kVectorBytes / static_cast<int>(sizeof(T));
+static_assert(kElemsPerVector<float> == 4 && kElemsPerVector<__nv_bfloat16> == 8 && kElemsPerVector<double> == 2,
+              "16 bytes: 4 floats, 8 bfloat16s or halves, 2 doubles");
+
+// kElems consecutive elements that one load or store moves: with kElems = kElemsPerVector<T>,
+// 16 bytes aligned to 16, which the compiler turns into one LDG.E.128 / STG.E.128; with
+// kElems = 1, a plain scalar access. The caller guarantees the alignment (vectorizable()).
+template <typename T, int kElems>
+struct alignas(sizeof(T) * kElems) Pack {
+  T v[kElems];
+};
+static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<float, 4>) == kVectorBytes,
+              "a full pack is exactly one 16-byte access");
+// --8<-- [end:pack]
+
+// --8<-- [start:vectorizable]
+// Whether the 16-byte kernels apply: every pointer on a 16-byte boundary (a fresh torch
+// allocation is; a view such as x.view(-1)[1:] is not) and cols a multiple of the vector. Then
+// every row starts on a vector boundary too, so no vector straddles two rows, and a per-column
+// operand (lab 06's bias, lab 07's weight) of a whole vector is one 16-byte load. Anything else
+// (cols = 1, 3, 4097; an offset view) takes the scalar path: correct everywhere, slower.
+inline bool vectorizable(int64_t cols, int elems_per_vector, std::initializer_list<const void*> pointers) {
+  if (cols % elems_per_vector != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % kVectorBytes != 0) return false;
+  }
+  return true;
+}
+// --8<-- [end:vectorizable]
+
+}  // namespace course
