@@ -1,0 +1,228 @@
+// Lab skeleton generated from solutions/07-fused-normalization/wrapper.cpp by `./course labs` [lab-hash e3d78ce4f67e].
+// Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
+// Instructors: edit the solution file instead, then run `./course labs`.
+// Lab 07's host wrapper: checks, the dtype dispatch, the current stream, launches. This is the
+// only file of the lab that includes torch headers.
+#include <ATen/Dispatch.h>
+#include <c10/util/accumulate.h>
+#include <course/torch_op.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "normalization.h"
+
+namespace {
+
+using course::cuda_data;
+using course::cuda_mutable_data;
+using course::CudaType;
+
+RowPath parse_path(const std::string& path, const char* op) {
+  if (path == "auto") return RowPath::kAuto;
+  if (path == "registers") return RowPath::kRegisters;
+  TORCH_CHECK(path == "streaming", op,
+              ": path must be 'auto' (registers when the row fits, else streaming), 'registers' (the row read once, "
+              "kept in registers) or 'streaming' (any row length, two passes); got '",
+              path, "'");
+  return RowPath::kStreaming;
+}
+
+// The longest row the register path takes for x's dtype.
+int64_t max_register_row_for(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return max_register_row<double>();
+    case at::kFloat: return max_register_row<float>();
+    default: return max_register_row<__half>();  // bfloat16 and float16 compute in float too
+  }
+}
+
+// --8<-- [start:checks]
+// A tensor that an op reads row by row with a flat index: refused, not copied, when strided. A
+// hidden x.contiguous() would read and write the whole tensor once more, in an op whose point is
+// to move each byte as few times as possible; the caller decides.
+void check_rows_tensor(const at::Tensor& t, const char* op, const char* name) {
+  course::check_cuda_tensor(t, op, name);
+  TORCH_CHECK(t.dim() >= 1, op, ": ", name, " must have at least one dimension (the last one is normalized), got ",
+              course::describe(t));
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", course::describe(t), " with strides ",
+              course::format_dims(t.strides()), "; call ", name,
+              ".contiguous() first (this op does not copy it for you: a hidden copy would add a read and a write of "
+              "the whole tensor to an op that is all about bytes)");
+}
+
+void check_x(const at::Tensor& x, const char* op, const char* name) {
+  check_rows_tensor(x, op, name);
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble, op, ": ",
+              name, " must have dtype torch.float32, torch.float16, torch.bfloat16 or torch.float64, got ",
+              course::describe(x), "; convert it with ", name, ".float()");
+}
+
+// A second tensor of the same shape and dtype as the first one (grad_y beside y or x).
+void check_like(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* name, const char* ref_name) {
+  check_rows_tensor(t, op, name);
+  course::check_same_device(ref, t, op, ref_name, name);
+  course::check_dtype(t, op, name, ref.scalar_type());
+  course::check_same_shape(t, ref, op, name, ref_name);
+}
+
+void check_weight(const at::Tensor& weight, const at::Tensor& x, const char* op) {
+  course::check_cuda_tensor(weight, op, "weight");
+  course::check_same_device(x, weight, op, "x", "weight");
+  course::check_dtype(weight, op, "weight", x.scalar_type());  // one dtype: no silent promotion in the kernel
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), op,
+              ": weight must have shape [N] with N = x.size(-1) = ", std::to_string(x.size(-1)), ", got weight ",
+              course::describe(weight), " for x ", course::describe(x));
+}
+
+void check_registers_fit(RowPath path, const at::Tensor& x, const char* op) {
+  const int64_t longest = max_register_row_for(x.scalar_type());
+  TORCH_CHECK(path != RowPath::kRegisters || x.size(-1) <= longest, op,
+              ": path='registers' keeps a row in registers only up to ", std::to_string(longest), " elements of ",
+              course::python_dtype(x.scalar_type()), ", and x has rows of ", std::to_string(x.size(-1)),
+              "; use path='streaming' (or 'auto', which picks it)");
+}
+// --8<-- [end:checks]
+
+// Leading dimensions flatten into rows: x (..., N) is rows x N, row-major (rows > 0 even when N = 0).
+int64_t rows_of(const at::Tensor& x) { return c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)); }
+
+// rstd's dtype: the compute type, float32 for the 16-bit types and float32, float64 for float64.
+at::ScalarType compute_dtype(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+}  // namespace
+
+// --8<-- [start:softmax]
+at::Tensor softmax(const at::Tensor& x, const std::string& path) {
+  constexpr const char* op = "softmax";
+  const RowPath row_path = parse_path(path, op);
+  check_x(x, op, "x");
+  check_registers_fit(row_path, x, op);
+  const c10::cuda::CUDAGuard device_guard(x.device());  // launch on x's GPU, whichever is current
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
+    launch_softmax_forward<CudaType<scalar_t>>(cuda_data<scalar_t>(x), cuda_mutable_data<scalar_t>(y), rows_of(x),
+                                               x.size(-1), row_path, course::current_stream());
+  });
+  return y;
+}
+// --8<-- [end:softmax]
+
+at::Tensor softmax_backward(const at::Tensor& grad_y, const at::Tensor& y, const std::string& path) {
+  constexpr const char* op = "softmax_backward";
+  const RowPath row_path = parse_path(path, op);
+  check_x(y, op, "y");
+  check_like(grad_y, y, op, "grad_y", "y");
+  check_registers_fit(row_path, y, op);
+  const c10::cuda::CUDAGuard device_guard(y.device());
+  at::Tensor grad_x = at::empty(y.sizes(), y.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), op, [&] {
+    launch_softmax_backward<CudaType<scalar_t>>(cuda_data<scalar_t>(grad_y), cuda_data<scalar_t>(y),
+                                                cuda_mutable_data<scalar_t>(grad_x), rows_of(y), y.size(-1), row_path,
+                                                course::current_stream());
+  });
+  return grad_x;
+}
+
+// --8<-- [start:rms_norm]
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                            const std::string& path) {
+  constexpr const char* op = "rms_norm";
+  const RowPath row_path = parse_path(path, op);
+  check_x(x, op, "x");
+  check_weight(weight, x, op);
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0, op,
+              ": eps must be finite and >= 0 (it is added to mean(x^2) under the square root), got ",
+              std::to_string(eps));
+  check_registers_fit(row_path, x, op);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  // A strided weight (w[::2]) is copied: N elements, nothing beside x's rows x N.
+  const at::Tensor w = weight.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  // One rstd a row, shape x.shape[:-1], in the compute type: the backward reads it instead of
+  // recomputing it, which would be a pass over x.
+  at::Tensor rstd = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(compute_dtype(x)));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
+    using T = CudaType<scalar_t>;
+    launch_rms_norm_forward<T>(cuda_data<scalar_t>(x), cuda_data<scalar_t>(w), cuda_mutable_data<scalar_t>(y),
+                               rstd.mutable_data_ptr<Compute<T>>(), rows_of(x), x.size(-1), eps, row_path,
+                               course::current_stream());
+  });
+  return {y, rstd};
+}
+// --8<-- [end:rms_norm]
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
+                                                     const at::Tensor& weight, const at::Tensor& rstd,
+                                                     const std::string& path) {
+  constexpr const char* op = "rms_norm_backward";
+  const RowPath row_path = parse_path(path, op);
+  check_x(x, op, "x");
+  check_like(grad_y, x, op, "grad_y", "x");
+  check_weight(weight, x, op);
+  course::check_cuda_tensor(rstd, op, "rstd");
+  course::check_same_device(x, rstd, op, "x", "rstd");
+  course::check_dtype(rstd, op, "rstd", compute_dtype(x));
+  TORCH_CHECK(rstd.sizes() == x.sizes().slice(0, x.dim() - 1), op,
+              ": rstd must have shape x.shape[:-1] = ", course::format_dims(x.sizes().slice(0, x.dim() - 1)),
+              " (the forward's second output), got ", course::describe(rstd));
+  check_registers_fit(row_path, x, op);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor w = weight.contiguous();
+  const at::Tensor r = rstd.contiguous();  // rows floats: a copy of a strided one costs nothing beside x
+  const int64_t rows = rows_of(x), n = x.size(-1);
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  at::Tensor grad_weight = at::empty({n}, x.options());
+  // One row of column sums per chunk of rows, in the compute type (see normalization.h).
+  at::Tensor partials = at::empty({grad_weight_chunks(rows), n}, x.options().dtype(compute_dtype(x)));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
+    using T = CudaType<scalar_t>;
+    launch_rms_norm_backward<T>(cuda_data<scalar_t>(grad_y), cuda_data<scalar_t>(x), cuda_data<scalar_t>(w),
+                                r.const_data_ptr<Compute<T>>(), cuda_mutable_data<scalar_t>(grad_x),
+                                cuda_mutable_data<scalar_t>(grad_weight), partials.mutable_data_ptr<Compute<T>>(), rows,
+                                n, row_path, course::current_stream());
+  });
+  return {grad_x, grad_weight};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  m.def("softmax", &softmax, "softmax over the last dimension of x (..., N); path 'auto', 'registers' or 'streaming'",
+        py::arg("x"), py::arg("path") = "auto");
+  m.def("softmax_backward", &softmax_backward, "grad_x = y * (grad_y - sum(grad_y * y, -1)) of y = softmax(x)",
+        py::arg("grad_y"), py::arg("y"), py::arg("path") = "auto");
+  m.def("rms_norm", &rms_norm,
+        "(y, rstd): y = x * rsqrt(mean(x^2, -1) + eps) * weight for x (..., N), weight (N,); rstd (x.shape[:-1]) "
+        "in float32 (float64 for float64 x)",
+        py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, py::arg("path") = "auto");
+  m.def("rms_norm_backward", &rms_norm_backward,
+        "(grad_x, grad_weight) of rms_norm from the forward's rstd; grad_weight bitwise reproducible",
+        py::arg("grad_y"), py::arg("x"), py::arg("weight"), py::arg("rstd"), py::arg("path") = "auto");
+  // The numbers the kernels are built with, so that the grader and the notebook read them
+  // instead of restating them. Per element size in bytes where they depend on the dtype.
+  m.def(
+      "constants",
+      [] {
+        constexpr NormConstants c = kNormConstants;
+        py::dict max_register_row_by_size, max_warp_row_by_size;
+        max_register_row_by_size[py::int_(2)] = max_register_row<__half>();
+        max_register_row_by_size[py::int_(4)] = max_register_row<float>();
+        max_register_row_by_size[py::int_(8)] = max_register_row<double>();
+        max_warp_row_by_size[py::int_(2)] = max_warp_row<__half>();
+        max_warp_row_by_size[py::int_(4)] = max_warp_row<float>();
+        max_warp_row_by_size[py::int_(8)] = max_warp_row<double>();
+        return py::dict(
+            py::arg("warp_size") = c.warp_size, py::arg("threads_per_block") = c.threads_per_block,
+            py::arg("stream_threads") = c.stream_threads, py::arg("stream_packs_in_flight") = c.stream_packs_in_flight,
+            py::arg("vector_bytes") = c.vector_bytes, py::arg("min_elems_per_thread") = c.min_elems_per_thread,
+            py::arg("max_register_row") = max_register_row_by_size, py::arg("max_warp_row") = max_warp_row_by_size,
+            py::arg("max_partial_rows") = c.max_partial_rows, py::arg("finalize_row_lanes") = c.finalize_row_lanes);
+      },
+      "{warp_size, threads_per_block, stream_threads, stream_packs_in_flight, vector_bytes, min_elems_per_thread, "
+      "max_register_row {element bytes: N}, max_warp_row {element bytes: N}, max_partial_rows, finalize_row_lanes}");
+  m.def("grad_weight_chunks", &grad_weight_chunks,
+        "rows of grad_weight partials (= blocks of the backward) for `rows` rows: a function of rows alone",
+        py::arg("rows"));
+}
