@@ -359,8 +359,13 @@ def check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, eps, *, case
     terms = golden_rms_norm(x, weight, eps)[1].unsqueeze(-1) * weight.double() * grad_y.double()
     ill = cancellation(golden_x, terms)
     LAB.assert_close(grad_x, golden_x, case=f"{case}: grad_x", tol=row_tol(x.dtype, n) * ill, hint=hint)
+    # grad_weight[c] sums rows of dy x rstd that can cancel (a few rows, random signs): its rounding error scales
+    # with the sum of the terms' sizes, not with the result's (seen: lab 06's 7-row grad_bias, 4.9e-4 relative).
+    # 16-bit: the final rounding dominates, and the flash rule below is the sharp check.
+    term_sizes = (grad_y.double() * x.double() * golden_rms_norm(x, weight, eps)[1].unsqueeze(-1)).abs()
     LAB.assert_close(grad_weight, golden_w, case=f"{case}: grad_weight", tol=grad_weight_tol(x.dtype, rows, n),
-                     hint=grad_weight_hint)
+                     hint=grad_weight_hint,
+                     floor=term_sizes.reshape(-1, n).sum(0) if rows and x.dtype not in SIXTEEN_BIT else None)
     if x.dtype in SIXTEEN_BIT:
         same_x, same_w = same_rms_norm_backward(grad_y, x, weight, eps)
         if ill <= 16:
