@@ -6,6 +6,7 @@ import torch
 
 import harness
 from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
+from harness.check import shape_id
 
 LAB = harness.lab("01")
 FP32 = torch.float32
@@ -51,10 +52,6 @@ def constants() -> dict:
     """The numbers the kernels are built with ({threads_per_block, warp_size}), from the lab itself:
     read inside the tests, so a lab that does not build fails each test rather than the import."""
     return LAB.module.constants()
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
 
 
 @harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab

@@ -9,6 +9,7 @@ import torch
 
 import harness
 from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+from harness.check import shape_id
 
 LAB = harness.lab("02")
 FP32 = torch.float32
@@ -50,10 +51,6 @@ def tile_shape() -> tuple[int, int]:
     """The kernels' square tile: the grader reports wrong elements by tile."""
     tile = tile_layout()["tile"]
     return tile, tile
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
 
 
 def transposed(x: torch.Tensor) -> torch.Tensor:

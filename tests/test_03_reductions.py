@@ -7,6 +7,7 @@ import torch
 
 import harness
 from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+from harness.check import dtype_name, shape_id
 
 LAB = harness.lab("03")
 FP32, BF16 = torch.float32, torch.bfloat16
@@ -50,14 +51,6 @@ def constants() -> dict:
     """The numbers the kernels are built with ({warp_size, threads_per_block, vector_bytes, longest_warp_row}),
     from the lab itself: read inside the tests, so a lab that does not build fails each test rather than the import."""
     return LAB.module.constants()
-
-
-def dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
 
 
 def vector_elems(dtype) -> int:

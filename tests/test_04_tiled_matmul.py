@@ -8,6 +8,7 @@ import torch
 
 import harness
 from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
+from harness.check import shape_id
 
 LAB = harness.lab("04")
 FP32 = torch.float32
@@ -70,10 +71,6 @@ SHAPES = [
     pytest.param((1000, 1000, 1000), marks=pytest.mark.large), pytest.param((4097, 31, 129), marks=pytest.mark.large),
     pytest.param((128, 4097, 64), marks=pytest.mark.large), pytest.param((4096, 12, 520), marks=pytest.mark.large),
 ]
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
 
 
 @harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab

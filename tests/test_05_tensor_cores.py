@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import harness
 from harness import notebooks, poison_allocator, poisoned, random_tensor, requires_gpu, tolerance
+from harness.check import shape_id
 
 LAB = harness.lab("05")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -67,10 +68,6 @@ def wgmma_tile() -> tuple[int, int]:
     """The Hopper path's block tile (linear_act_wgmma.cu)."""
     config = LAB.module.wgmma_tile_config()
     return config["block_m"], config["block_n"]
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
 
 
 def tol(dtype: torch.dtype, k: int) -> float:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 import harness
 from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness.check import check_placement, dtype_name, nbytes, run_student, shape_id, skip_without_two_gpus
 
 LAB = harness.lab("06")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -106,14 +107,6 @@ def autograd_module():
     return LAB.python("autograd")
 
 
-def dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
-
-
 def elems_per_vector(dtype, vector_bytes: int = SPEC_VECTOR_BYTES) -> int:
     return vector_bytes // torch.empty((), dtype=dtype).element_size()
 
@@ -144,10 +137,6 @@ def elementwise_tol(dtype) -> float:
 def grad_bias_tol(dtype, rows: int) -> float:
     accumulator = FP64 if dtype == FP64 else FP32
     return tolerance(accumulator, rows) + elementwise_tol(dtype)
-
-
-def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 # ---------------------------------------------------------------- references
@@ -181,22 +170,6 @@ def same_dtype_backward(grad_y, x, bias, approximate):
     """PyTorch's own autograd of F.gelu(x + b) in the inputs' dtype: the flash rule's yardstick."""
     xs, bs = x.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
     return torch.autograd.grad(F.gelu(xs + bs, approximate=approximate), (xs, bs), grad_y)
-
-
-def check_placement(out, *, shape, like, name, case) -> None:
-    """Issue 11, class 7: the output's device, dtype, shape and strides, asserted."""
-    problems = []
-    if out.device != like.device:
-        problems.append(f"on {out.device}, not on the inputs' {like.device}")
-    if out.dtype != like.dtype:
-        problems.append(f"of dtype {dtype_name(out.dtype)}, not the inputs' {dtype_name(like.dtype)}")
-    if tuple(out.shape) != tuple(shape):
-        problems.append(f"of shape {list(out.shape)}, not {list(shape)}")
-    elif not out.is_contiguous():
-        problems.append(f"with strides {list(out.stride())}: not contiguous")
-    if problems:
-        raise harness.GradeFailure(f"{case}: {name} is " + "; ".join(problems)
-                                   + "\n  hint: allocate outputs with at::empty(sizes, x.options())")
 
 
 def check_forward(y, x, bias, approximate, *, case, hint=SCALAR_HINT, k=2.0):
@@ -330,14 +303,7 @@ class FakeOps:
 
 
 def _student(what: str, fn):
-    """Run the student's autograd code; an exception it raises becomes a failure that says where."""
-    try:
-        return fn()
-    except harness.GradeFailure:
-        raise
-    except Exception as error:
-        raise harness.GradeFailure(f"{what} raised {type(error).__name__}: {str(error).splitlines()[0][:300]}\n"
-                                   f"  hint: {AUTOGRAD_HINT}") from None
+    return run_student(what, fn, hint=AUTOGRAD_HINT)
 
 
 @pytest.mark.parametrize("approximate", FORMS)
@@ -775,16 +741,10 @@ def test_input_errors():
         LAB.assert_raises_clearly(fn, must_mention=words, case=what)
 
 
-def _skip_without_two_gpus():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs: a bias on another GPU than x, and a missing device guard "
-                    "(c10::cuda::CUDAGuard), only show with inputs on a GPU other than the current one")
-
-
 @requires_gpu
 @harness.reference_check  # the same-device check is given
 def test_refuses_bias_on_another_gpu():
-    _skip_without_two_gpus()
+    skip_without_two_gpus("a bias on another GPU than x")
     x, bias, _ = inputs((16, 16), FP32)
     LAB.assert_raises_clearly(lambda: LAB.module.bias_gelu(x, bias.to("cuda:1")), must_mention=("same device",),
                               case="bias_gelu(x on cuda:0, bias on cuda:1)")
@@ -794,7 +754,7 @@ def test_refuses_bias_on_another_gpu():
 @harness.reference_check  # the device guard is given
 def test_inputs_on_another_gpu():
     """x and bias on cuda:1 while cuda:0 is current: outputs on cuda:1, computed there."""
-    _skip_without_two_gpus()
+    skip_without_two_gpus("a bias on another GPU than x")
     torch.cuda.set_device(0)
     x, bias, grad_y = (t.to("cuda:1") for t in inputs((33, 64), FP32))
     y = LAB.module.bias_gelu(x, bias)

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 import harness
 from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness.check import check_placement, dtype_name, first_line, nbytes, run_student, shape_id, skip_without_two_gpus
 
 LAB = harness.lab("07")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -145,18 +146,6 @@ def triton_module():
     return LAB.python("triton_rms_norm")
 
 
-def dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def shape_id(shape) -> str:
-    return "x".join(map(str, shape))
-
-
-def nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def accumulator(dtype):
     return FP64 if dtype == FP64 else FP32
 
@@ -217,12 +206,6 @@ def rows_of(shape) -> int:
     return math.prod(shape[:-1])
 
 
-def first_line(error) -> str:
-    """The first line of an exception's message (or of a text), cut to 300 characters; '' for an empty one."""
-    lines = str(error).splitlines()
-    return lines[0][:300] if lines else ""
-
-
 # ---------------------------------------------------------------- references
 def golden_softmax(x):
     return torch.softmax(x.double(), -1)
@@ -269,24 +252,6 @@ def reference_rstd(x, eps):
 
 
 # ---------------------------------------------------------------- checks
-def check_placement(out, *, shape, like, dtype=None, name, case) -> None:
-    """Issue 11, class 7: the output's device, dtype, shape and strides, asserted."""
-    dtype = dtype or like.dtype
-    problems = []
-    if out.device != like.device:
-        problems.append(f"on {out.device}, not on the inputs' {like.device}")
-    if out.dtype != dtype:
-        problems.append(f"of dtype {dtype_name(out.dtype)}, not {dtype_name(dtype)}")
-    if tuple(out.shape) != tuple(shape):
-        problems.append(f"of shape {list(out.shape)}, not {list(shape)}")
-    elif not out.is_contiguous():
-        problems.append(f"with strides {list(out.stride())}: not contiguous")
-    if problems:
-        raise harness.GradeFailure(f"{case}: {name} is " + "; ".join(problems)
-                                   + "\n  hint: allocate outputs with at::empty(sizes, x.options()) (rstd: "
-                                   "x.options().dtype(float32), float64 for float64 x)")
-
-
 def flash_rule(out, golden, same, *, case, k, hint=""):
     """harness.check.assert_flash_rule over the rows whose golden is finite (a fully -inf softmax row is NaN in
     all three, and NaN has no error to bound)."""
@@ -335,10 +300,15 @@ def check_softmax_backward(grad_x, grad_y, y, *, case, hint=SOFTMAX_BACKWARD_HIN
         flash_rule(grad_x, golden, same_softmax_backward(grad_y, y), case=f"{case}: grad_x", k=3.0)
 
 
+RSTD_PLACEMENT_HINT = (harness.check.PLACEMENT_HINT + "; rstd: at::empty(rows, x.options().dtype(at::kFloat)), "
+                       "float64 for float64 x")
+
+
 def check_rms_norm(y, rstd, x, weight, eps, *, case, hint=RMS_NORM_HINT):
     n = x.shape[-1]
     check_placement(y, shape=x.shape, like=x, name="y", case=case)
-    check_placement(rstd, shape=x.shape[:-1], like=x, dtype=accumulator(x.dtype), name="rstd", case=case)
+    check_placement(rstd, shape=x.shape[:-1], like=x, dtype=accumulator(x.dtype), name="rstd", case=case,
+                    hint=RSTD_PLACEMENT_HINT)
     golden_y, golden_rstd = golden_rms_norm(x, weight, eps)
     # rstd first: when it is wrong, y is too, and rstd's message names the cause.
     LAB.assert_close(rstd, golden_rstd, case=f"{case}: rstd", tol=rstd_tol(x.dtype, n),
@@ -547,14 +517,11 @@ class PathOps:
 
 
 def _student(what: str, fn):
-    """Run the student's autograd code; an exception it raises becomes a failure that says where."""
-    try:
-        return fn()
-    except harness.GradeFailure:
-        raise
-    except Exception as error:
-        raise harness.GradeFailure(f"{what} raised {type(error).__name__}: {first_line(error)}\n"
-                                   f"  hint: {AUTOGRAD_HINT}") from None
+    return run_student(what, fn, hint=AUTOGRAD_HINT)
+
+
+def _student_triton(what: str, fn):
+    return run_student(what, fn, hint=TRITON_HINT)
 
 
 def _apply(module, op, ops, eps=EPS):
@@ -1065,7 +1032,7 @@ def test_empty(shape):
     y, rstd = LAB.module.rms_norm(x, weight)
     case = f"rms_norm of x {list(shape)}"
     check_placement(y, shape=shape, like=x, name="y", case=case)
-    check_placement(rstd, shape=shape[:-1], like=x, dtype=FP32, name="rstd", case=case)
+    check_placement(rstd, shape=shape[:-1], like=x, dtype=FP32, name="rstd", case=case, hint=RSTD_PLACEMENT_HINT)
     grad_x, grad_weight = LAB.module.rms_norm_backward(grad_y, x, weight, rstd)
     case = f"rms_norm_backward of x {list(shape)}"
     check_placement(grad_x, shape=shape, like=x, name="grad_x", case=case)
@@ -1346,14 +1313,6 @@ def test_triton_grad_weight_is_bitwise_deterministic():
                 "program order (no tl.atomic_add)")
 
 
-def _student_triton(what: str, fn):
-    try:
-        return fn()
-    except Exception as error:
-        raise harness.GradeFailure(f"{what} raised {type(error).__name__}: {first_line(error)}\n"
-                                   f"  hint: {TRITON_HINT}") from None
-
-
 class _SmallModel(torch.nn.Module):
     def __init__(self, norm):
         super().__init__()
@@ -1477,16 +1436,10 @@ def test_registers_refused_past_the_longest_row(op, dtype):
                               case=f"{op}(x 2x{n} {dtype_name(dtype)}, path='registers')")
 
 
-def _skip_without_two_gpus():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs: a weight on another GPU than x, and a missing device guard "
-                    "(c10::cuda::CUDAGuard), only show with inputs on a GPU other than the current one")
-
-
 @requires_gpu
 @harness.reference_check  # the same-device check is given
 def test_refuses_weight_on_another_gpu():
-    _skip_without_two_gpus()
+    skip_without_two_gpus("a weight on another GPU than x")
     x, weight, _ = rms_inputs((16, 32), FP32)
     LAB.assert_raises_clearly(lambda: LAB.module.rms_norm(x, weight.to("cuda:1")), must_mention=("same device",),
                               case="rms_norm(x on cuda:0, weight on cuda:1)")
@@ -1496,7 +1449,7 @@ def test_refuses_weight_on_another_gpu():
 @harness.reference_check  # the device guard is given
 def test_inputs_on_another_gpu():
     """Inputs on cuda:1 while cuda:0 is current: outputs on cuda:1, computed there."""
-    _skip_without_two_gpus()
+    skip_without_two_gpus("a weight on another GPU than x")
     torch.cuda.set_device(0)
     x, weight, grad_y = (t.to("cuda:1") for t in rms_inputs((33, 64), FP32))
     y, rstd = LAB.module.rms_norm(x, weight)
@@ -1828,10 +1781,7 @@ def test_perf_rms_norm_forward_backward_vs_compiled():
           bytes_moved=5 * nbytes(x), verify=verify)
 
 
-@requires_gpu
-@pytest.mark.perf
-@harness.tasks("lab07.8")
-def test_perf_triton_rms_norm_forward_vs_eager():
+def _triton_forward_perf(kind, baseline, baseline_name):
     triton_module()
     x, weight, _ = rms_inputs(RMS_PERF_SHAPE, BF16)
     last = {}
@@ -1843,30 +1793,25 @@ def test_perf_triton_rms_norm_forward_vs_eager():
         check_rms_norm(*last["out"], x, weight, EPS, case=f"course07::rms_norm_fwd {shape_id(RMS_PERF_SHAPE)}: the "
                        "output of the timed calls", hint=TRITON_HINT)
 
-    _perf("triton rms_norm forward vs eager", dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours,
-          baseline=lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * weight,
-          baseline_name="x * rsqrt(x.pow(2).mean(-1) + eps) * weight, eager",
-          bytes_moved=2 * nbytes(x) + nbytes(weight) + rows_of(x.shape) * 4, verify=verify)
+    _perf(kind, dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=baseline(x, weight),
+          baseline_name=baseline_name, bytes_moved=2 * nbytes(x) + nbytes(weight) + rows_of(x.shape) * 4,
+          verify=verify)
+
+
+@requires_gpu
+@pytest.mark.perf
+@harness.tasks("lab07.8")
+def test_perf_triton_rms_norm_forward_vs_eager():
+    _triton_forward_perf("triton rms_norm forward vs eager", lambda x, w: lambda: rms_norm_composition(x, w, EPS),
+                         "x * rsqrt(x.pow(2).mean(-1) + eps) * weight, eager")
 
 
 @requires_gpu
 @pytest.mark.perf
 @harness.tasks("lab07.8")
 def test_perf_triton_rms_norm_forward_vs_copy():
-    triton_module()
-    x, weight, _ = rms_inputs(RMS_PERF_SHAPE, BF16)
-    last = {}
-
-    def ours():
-        last["out"] = torch.ops.course07.rms_norm_fwd(x, weight, EPS)
-
-    def verify():
-        check_rms_norm(*last["out"], x, weight, EPS, case=f"course07::rms_norm_fwd {shape_id(RMS_PERF_SHAPE)}: the "
-                       "output of the timed calls", hint=TRITON_HINT)
-
-    _perf("triton rms_norm forward vs copy", dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=_copy_of(x, 2),
-          baseline_name="dst.copy_(src), the same bytes moved",
-          bytes_moved=2 * nbytes(x) + nbytes(weight) + rows_of(x.shape) * 4, verify=verify)
+    _triton_forward_perf("triton rms_norm forward vs copy", lambda x, w: _copy_of(x, 2),
+                         "dst.copy_(src), the same bytes moved")
 
 
 # ---------------------------------------------------------------- the notebook

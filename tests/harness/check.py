@@ -302,3 +302,63 @@ def assert_ends_close(out: torch.Tensor, reference_of, *, case: str, tol: float,
     for where, part in (("first", slice(0, min(count, n))), ("last", slice(max(0, n - count), n))):
         assert_close(flat[part], reference_of(part), case=f"{case}: its {where} {part.stop - part.start} elements "
                      f"(flat {part.start} .. {part.stop - 1})", tol=tol, **kw)
+
+
+# ---------------------------------------------------------------- names and small checks every grader uses
+def shape_id(shape) -> str:
+    """(33, 17) -> '33x17': the shape in test ids and messages."""
+    return "x".join(map(str, shape))
+
+
+def dtype_name(dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16'."""
+    return str(dtype).removeprefix("torch.")
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def first_line(error) -> str:
+    """The first line of an exception's message (or of a text), cut to 300 characters; '' for an empty one."""
+    lines = str(error).splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def run_student(what: str, fn, *, hint: str):
+    """Run the student's Python code (an autograd.Function, a Triton op); an exception it raises becomes a
+    failure that says where, with `hint`. A GradeFailure passes through as it is."""
+    try:
+        return fn()
+    except GradeFailure:
+        raise
+    except Exception as error:
+        raise GradeFailure(f"{what} raised {type(error).__name__}: {first_line(error)}\n  hint: {hint}") from None
+
+
+PLACEMENT_HINT = "allocate outputs with at::empty(sizes, x.options())"
+
+
+def check_placement(out, *, shape, like, name, case, dtype=None, hint: str = PLACEMENT_HINT) -> None:
+    """Issue 11, class 7: an output's device (like's), dtype (like's unless given), shape and contiguity."""
+    dtype = dtype or like.dtype
+    problems = []
+    if out.device != like.device:
+        problems.append(f"on {out.device}, not on the inputs' {like.device}")
+    if out.dtype != dtype:
+        problems.append(f"of dtype {dtype_name(out.dtype)}, not {dtype_name(dtype)}")
+    if tuple(out.shape) != tuple(shape):
+        problems.append(f"of shape {list(out.shape)}, not {list(shape)}")
+    elif not out.is_contiguous():
+        problems.append(f"with strides {list(out.stride())}: not contiguous")
+    if problems:
+        raise GradeFailure(f"{case}: {name} is " + "; ".join(problems) + f"\n  hint: {hint}")
+
+
+def skip_without_two_gpus(what: str) -> None:
+    """Skip a test that needs a second GPU (issue 11, class 8: a missing device guard only shows there)."""
+    import pytest
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two GPUs: {what}, and a missing device guard (c10::cuda::CUDAGuard), only show with "
+                    "inputs on a GPU other than the current one")
