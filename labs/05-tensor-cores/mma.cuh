@@ -1,12 +1,14 @@
-// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash f4bc4a516886].
+// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash fcc4a4da1a09].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
-// Lab 05's tensor-core building blocks: the fragment layout of mma.m16n8k16, the PTX
-// wrappers (ldmatrix, mma, cp.async) and the shared-memory swizzle. Every function here is
-// one instruction or a few integer operations; the GEMM in linear_act.cu is built from them.
+// Lab 05's tensor-core building blocks: the fragment layout of mma.m16n8k16 and the shared-memory
+// swizzle; the PTX wrappers (ldmatrix, mma, cp.async) are the course's, in <course/mma.cuh>, which
+// lab 08 uses too. Every function here is one instruction or a few integer operations; the GEMM in
+// linear_act.cu is built from them.
 #pragma once
 
 #include <course/cuda.cuh>
+#include <course/mma.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,12 +17,17 @@
 
 #include "tensor_cores.h"
 
-// The per-warp MMA shape: D[16x8] (fp32) += A[16x16] (row-major) * B[16x8] (col-major).
-constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
+using course::commit_copies;
+using course::copy_chunk_async;
+using course::kChunkBytes;
+using course::kElementsPerChunk;
+using course::kMmaK;
+using course::kMmaM;
+using course::kMmaN;
 using course::kWarpSize;
-// One 16-byte chunk holds 8 two-byte elements: the unit of cp.async, ldmatrix rows and swizzling.
-constexpr int kChunkBytes = 16;
-constexpr int kElementsPerChunk = kChunkBytes / 2;
+using course::ldmatrix_x4;
+using course::mma_16816;
+using course::wait_copies;
 static_assert(kElementsPerChunk == kShapeMultiple, "the shape contract is one 16-byte chunk");
 
 // --8<-- [start:fragments]
@@ -94,83 +101,7 @@ __host__ __device__ inline TileIndex grouped_tile(int64_t index, int64_t tiles_m
   return {first_row + in_group % rows, in_group / rows};
 }
 
-// ---------------------------------------------------------------- PTX wrappers
-__device__ inline uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// --8<-- [start:ptx]
-// Four 8x8 matrices of b16 from shared memory into 4 registers per lane (sm_75+).
-__device__ inline void ldmatrix_x4(uint32_t (&registers)[4], const void* row_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(registers[0]), "=r"(registers[1]), "=r"(registers[2]), "=r"(registers[3])
-               : "r"(shared_address(row_address)));
-}
-
-// d[4] += a[4] * b[2] for one 16x8x16 tile, fp32 accumulation. m16n8k16 exists from sm_80;
-// on sm_75 the fp16 product is two m16n8k8 halves: (a0, a1, b0) covers k 0-7, (a2, a3, b1) k 8-15.
-template <typename T>
-__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
-
-template <>
-__device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(b[0]));
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[2]), "r"(a[3]), "r"(b[1]));
-#endif
-}
-
-template <>
-__device__ inline void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  __trap();  // no bf16 tensor cores before sm_80: the launcher refuses bf16 there
-#endif
-}
-
-// Copy one 16-byte chunk global -> shared, zero-filling it when `valid` is false (rows past M
-// or N, k past K), so partial tiles need no special case in the main loop. From sm_80 it is
-// asynchronous (cp.async, bypassing registers and L1); before, a plain load and store.
-__device__ inline void copy_chunk_async(void* shared_destination, const void* global_source, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const int source_bytes = valid ? kChunkBytes : 0;  // bytes past source_bytes are filled with zeros
-  asm volatile("cp.async.cg.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_address(shared_destination)),
-               "l"(global_source), "n"(kChunkBytes), "r"(source_bytes));
-#else
-  *static_cast<uint4*>(shared_destination) = valid ? *static_cast<const uint4*>(global_source) : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-// Close the group of copies issued since the last commit.
-__device__ inline void commit_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-// Wait until at most `pending` committed groups of this thread are still in flight.
-template <int pending>
-__device__ inline void wait_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
-#endif
-}
-// --8<-- [end:ptx]
+// The PTX wrappers (ldmatrix, mma, cp.async) live in <course/mma.cuh>, shared with lab 08.
 
 // ---------------------------------------------------------------- element conversions and activations
 __device__ inline float to_float(__half v) { return __half2float(v); }

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/wgmma.cuh by `./course labs` [lab-hash 810496414c11].
+// Lab skeleton generated from solutions/05-tensor-cores/wgmma.cuh by `./course labs` [lab-hash 5d2ec563aafd].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Hopper's (sm_90a) tensor-core data path, one PTX instruction per function: the tensor memory
@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <course/mma.cuh>
 #include <cstdint>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -22,9 +23,7 @@
 #ifdef COURSE_WGMMA
 namespace hopper {
 
-__device__ inline uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
+using course::shared_address;
 
 // ---------------------------------------------------------------- mbarrier
 // A 64-bit shared-memory barrier that completes a phase when `count` arrivals have been made

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <course/mma.cuh>
 #include <cstdint>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -19,9 +20,7 @@
 #ifdef COURSE_WGMMA
 namespace hopper {
 
-__device__ inline uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
+using course::shared_address;
 
 // ---------------------------------------------------------------- mbarrier
 // A 64-bit shared-memory barrier that completes a phase when `count` arrivals have been made
