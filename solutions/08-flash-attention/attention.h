@@ -88,3 +88,10 @@ void launch_flash_forward(ElementType type, const AttentionParams& params, cudaS
 // Rung 4. Same contract as rung 3; grad_k and grad_v of a key/value head sum over the query
 // heads of its group.
 void launch_flash_backward(ElementType type, const AttentionBackwardParams& params, cudaStream_t stream);
+
+// Rung 4's tiles, for the grader and the page: block_m query rows per step, block_n keys per block
+// (and per dK/dV tile), warps per block, dynamic shared memory per block. head_dim 64 or 128.
+struct FlashBackwardTiles {
+  int block_m, block_n, warps, shared_bytes;
+};
+FlashBackwardTiles flash_backward_tiles(int head_dim);
