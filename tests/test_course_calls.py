@@ -65,3 +65,28 @@ def test_a_non_contiguous_output_fails():
     module = _module(transposed=(transposed, "transposed(x: torch.Tensor) -> torch.Tensor"))
     with pytest.raises(GradeFailure, match="non-contiguous output"):
         module.transposed(torch.randn(4, 5, device="cuda"))
+
+
+def test_a_strided_input_is_snapshotted_through_its_storage():
+    """A strided view (a slice of a packed tensor) is snapshotted as its storage's bytes: no device copy of the view
+    (which inside a PoisonedPool would leave unpoisoned memory for the outputs), and a write into the packed
+    neighbour of the view shows too."""
+    packed = torch.arange(24, dtype=torch.float32).view(2, 3, 4)
+    view = packed[:, 1]  # strides (12, 1): not contiguous
+    before = calls.snapshot(view).clone()  # (on the CPU, .cpu() is the tensor itself; CUDA inputs are copied)
+    assert before.dtype == torch.uint8 and before.numel() == packed.numel() * 4
+    packed[0, 2, 0] = -1.0  # outside the view, inside its storage
+    assert not torch.equal(calls.snapshot(view), before)
+    assert calls.snapshot(packed).dtype == torch.int32  # a contiguous tensor: its elements' bits
+
+
+@pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+def test_an_op_that_writes_next_to_a_strided_input_fails():
+    def writes_neighbour(q):
+        q.as_strided((1,), (1,), q.storage_offset() + q.shape[-1]).fill_(7.0)  # the element after q's first row
+        return q.sum(-1)
+
+    module = _module(writes_neighbour=(writes_neighbour, "writes_neighbour(q: torch.Tensor) -> torch.Tensor"))
+    qkv = torch.zeros(4, 3, 8, device="cuda")
+    with pytest.raises(GradeFailure, match="wrote into its input `q` .* bytes of the storage it is a view of"):
+        module.writes_neighbour(qkv[:, 0])

@@ -66,6 +66,24 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_SAME_SIZE_INT[t.element_size()]) if t.element_size() in _SAME_SIZE_INT else t
 
 
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of t's storage, as one contiguous uint8 tensor on t's device (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of what an input holds: its elements' bits, or, for a strided view (a slice of a packed
+    tensor, say), every byte of its storage. Copying a strided CUDA view to the host would first make a
+    contiguous copy on the device, an allocation that, inside a harness.check.PoisonedPool, leaves
+    unpoisoned memory where the op's outputs then land; the storage is contiguous, and a write anywhere
+    in it (into the packed neighbour of the view, too) shows."""
+    return _bits(t).cpu() if t.is_contiguous() else _storage_bytes(t).cpu()
+
+
+def _snapshot_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size() if t.is_contiguous() else t.untyped_storage().nbytes()
+
+
 def _tensors(value):
     if isinstance(value, torch.Tensor):
         yield value
@@ -94,18 +112,20 @@ class CheckedModule:
             named = list(zip(names, args)) if names else [(f"argument {i}", a) for i, a in enumerate(args)]
             named += list(kwargs.items())
             inputs = [(param, t) for param, value in named if param not in OUTPUT_PARAMS for t in _tensors(value)
-                      if t.is_cuda and t.numel() * t.element_size() <= MAX_SNAPSHOT_BYTES]
+                      if t.is_cuda and _snapshot_bytes(t) <= MAX_SNAPSHOT_BYTES]
             outputs = [t for param, value in named if param in OUTPUT_PARAMS for t in _tensors(value)]
             # Snapshots live in host memory: a GPU copy would take the block harness.poison_allocator just
             # filled with NaN for the op's output, and unwritten output elements would no longer show.
-            snapshots = [(param, t, _bits(t).cpu()) for param, t in inputs]
+            snapshots = [(param, t, snapshot(t)) for param, t in inputs]
             result = attr(*args, **kwargs)
             for param, t, before in snapshots:
-                after = _bits(t).cpu()
+                after = snapshot(t)
                 if not torch.equal(after, before):
                     changed = int((after != before).sum().item())
+                    what = (f"{changed} of {t.numel()} elements" if t.is_contiguous() else
+                            f"{changed} of the {before.numel()} bytes of the storage it is a view of")
                     raise GradeFailure(
-                        f"{name}: wrote into its input `{param}` ({changed} of {t.numel()} elements changed): an op "
+                        f"{name}: wrote into its input `{param}` ({what} changed): an op "
                         "must leave its inputs as they were\n  hint: a store through the wrong pointer, or an output "
                         "index that runs past the output's end into the memory that follows")
             devices = {t.device for _, t in inputs}

@@ -161,7 +161,10 @@ def random_tensor(shape, dtype: torch.dtype, device="cuda", generator=None) -> t
 
 
 # ---------------------------------------------------------------- comparison
-def _where(flat_index: int, shape: tuple[int, ...], block: int | None, tile: tuple[int, int] | None) -> str:
+def _where(flat_index: int, shape: tuple[int, ...], block: int | None, tile: tuple[int, int] | None,
+           locate=None) -> str:
+    if locate is not None:  # the grader's own words for where an element sits (lab 08: batch, head, row, key block)
+        return locate(flat_index)
     index = []
     rest = flat_index
     for size in reversed(shape):
@@ -187,6 +190,7 @@ def assert_close(
     tile: tuple[int, int] | None = None,
     hint: str = "",
     floor: torch.Tensor | None = None,
+    locate=None,
 ) -> float:
     """Check `out` against a float64 reference; return the relative error.
 
@@ -197,7 +201,8 @@ def assert_close(
     such as 0.5 u (1 + erf(u / sqrt 2)) for u << 0, is off by an ulp of 1 times 0.5 |u| however
     small the result, and a one-element tensor has no rms to absorb that. NaN is always wrong
     where the reference is finite: outputs start poisoned with NaN, so a NaN usually means
-    the element was never written.
+    the element was never written. `locate` (flat index -> text), when given, says where the first wrong
+    element is in the grader's own words instead of its index.
     """
     if tuple(out.shape) != tuple(ref.shape):
         raise GradeFailure(f"{case}: output shape {tuple(out.shape)} but expected {tuple(ref.shape)}")
@@ -227,7 +232,7 @@ def assert_close(
         f"{case}: {n_bad} of {out.numel()} elements wrong ({100.0 * n_bad / max(1, out.numel()):.3g}%), "
         f"relative error {rel_error:.2e} over the finite ones "
         f"(tolerance {tol:.1e}, dtype {str(out.dtype).replace('torch.', '')})",
-        f"  first wrong element at {_where(first, tuple(out.shape), block, tile)}: "
+        f"  first wrong element at {_where(first, tuple(out.shape), block, tile, locate)}: "
         f"got {got_first:.6g}, expected {want_first:.6g}",
     ]
     if n_nan:
@@ -257,7 +262,7 @@ def assert_raises_clearly(fn, *, must_mention: tuple[str, ...], case: str) -> st
 
 
 def assert_flash_rule(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tensor, *, case: str, k: float = 2.0,
-                      hint: str = "") -> float:
+                      hint: str = "", slack: torch.Tensor | float = 0.0, locate=None) -> float:
     """The rule flash-attention's tests use for 16-bit outputs (SYLLABUS §4); returns the worst error.
 
     `golden` is the float64 result from the same (already rounded) inputs; `reference` is what PyTorch
@@ -267,13 +272,24 @@ def assert_flash_rule(out: torch.Tensor, golden: torch.Tensor, reference: torch.
     with room for a different summation order, and no more. A per-element tolerance wide enough for
     16-bit rounding lets a small systematic error through (a constant 1% off, a 16-bit accumulator);
     this bound is set by what the dtype can do, measured, not by a guess at it.
+
+    `slack` (a float, or per element, broadcast to out) is added to the bound: the rounding a float32
+    accumulator may leave where the golden cancels to about 0 (attention's gradients at a row that sees one
+    key are exactly 0 in float64, a few float32 ulps of their terms in any kernel, and in PyTorch's own
+    result sometimes exactly 0, which would make the bound 0). Keep it at float32's scale, far below the
+    16-bit rounding the rule is about.
     """
     got = out.detach().to(torch.float64)
     want = golden.detach().to(torch.float64).to(got.device)
-    ref_error = (reference.detach().to(torch.float64).to(got.device) - want).abs().max().item()
-    noise = (want.to(out.dtype).to(torch.float64) - want).abs().max().item()
+    ref_error = (reference.detach().to(torch.float64).to(got.device) - want).abs().max().item() if want.numel() else 0.0
+    noise = (want.to(out.dtype).to(torch.float64) - want).abs().max().item() if want.numel() else 0.0
     bound = k * ref_error + noise
     error = (got - want).abs()
+    has_slack = isinstance(slack, torch.Tensor) or bool(slack)
+    if isinstance(slack, torch.Tensor):
+        error = error - slack.detach().to(torch.float64).to(got.device)  # NaN stays NaN: never within the bound
+    elif slack:
+        error = error - slack
     worst = error.nan_to_num(float("inf")).max().item() if error.numel() else 0.0
     if worst <= bound:
         return worst
@@ -281,10 +297,11 @@ def assert_flash_rule(out: torch.Tensor, golden: torch.Tensor, reference: torch.
     first = int(over.flatten().nonzero()[0].item())
     dtype = str(out.dtype).replace("torch.", "")
     lines = [
-        f"{case}: worst error {worst:.3g} against the float64 golden is above the flash-attention bound {bound:.3g} "
+        f"{case}: worst error {worst:.3g}{' (beyond the float32 slack)' if has_slack else ''} against the float64 "
+        f"golden is above the flash-attention bound {bound:.3g} "
         f"= {k:g} x PyTorch's own {dtype} error ({ref_error:.3g}) + the golden's rounding to {dtype} ({noise:.3g})",
         f"  {int(over.sum().item())} of {out.numel()} elements over the bound; the first at "
-        f"{_where(first, tuple(out.shape), None, None)}: got {got.flatten()[first].item():.6g}, "
+        f"{_where(first, tuple(out.shape), None, None, locate)}: got {got.flatten()[first].item():.6g}, "
         f"golden {want.flatten()[first].item():.6g}",
     ]
     if hint:
