@@ -54,6 +54,9 @@ struct AttentionBackwardParams {
   void* grad_v;             // (batch, seqlen_k, heads_kv, head_dim), contiguous
   float* delta;             // workspace (batch, heads_q, seqlen_q): D = rowsum(grad_o * o)
   float* grad_q_accum;      // workspace (batch, seqlen_q, heads_q, head_dim) float32, zeroed by the launcher
+                            // (unused, may be null, when deterministic)
+  bool deterministic;       // dQ by a second pass over the key blocks instead of float32 atomics:
+                            // bitwise reproducible run to run, ~40% more FLOPs (flash_backward.cu)
 };
 // --8<-- [end:params]
 

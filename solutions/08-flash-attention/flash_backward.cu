@@ -11,6 +11,8 @@
 //                  dK_j and dV_j in registers, while the query blocks of every query head of the kv
 //                  head's group stream past; dQ's partial sums go to grad_q_accum by float32 atomics
 //   3. convert     grad_q = s * grad_q_accum, rounded to the element type
+// or, with params.deterministic, no atomics: the main kernel computes dK and dV only, and a dQ pass
+// over the key blocks per query block (flash_backward_dq_kernel) writes grad_q, reproducibly.
 // Recompute against store: P is Sq x Sk per head (a 16k x 16k bfloat16 P is 512 MB a head); the
 // recompute costs one extra Q K^T product (5 products here against 4 if P were stored) and keeps
 // the memory O(N).
@@ -53,7 +55,7 @@ constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x log2(e)): ex2 
 // in shared memory; dK_j and dV_j are summed in registers over every query block i that sees key
 // block j, of every query head of the GQA group, in one fixed order (heads ascending, then i), by one
 // thread per element: deterministic, and written once, no atomics. dQ_i gets one partial sum from
-// every key block: float32 atomics (see `determinism` below).
+// every key block: float32 atomics (or a second pass: see `determinism` below).
 //
 // Transposed scores. Of the three products that consume P or dS, two want the keys as rows
 // (dV += P^T dO and dK += dS^T Q: their mma rows are keys) and one wants the queries as rows
@@ -218,10 +220,10 @@ __device__ inline const void* byte_at(const uint4* tile, uint32_t bytes) {
 // Copy rows [first_row, first_row + kRows) of a (seqlen, ..., D) view (row r at rows + r * row_stride)
 // into a swizzled tile; rows past row_count are zero-filled. kChunks consecutive threads copy one
 // row (coalesced 128- or 256-byte reads; their 16-byte stores cover 8 bank groups).
-template <int kRows, int kChunks, typename T>
+template <int kRows, int kChunks, int kBlockThreads = kThreads, typename T>
 __device__ inline void load_tile(uint4* tile, const T* rows, int64_t row_stride, int64_t first_row, int64_t row_count) {
-  constexpr int kRowsPerPass = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "every thread copies the same chunks");
+  constexpr int kRowsPerPass = kBlockThreads / kChunks;
+  static_assert(kBlockThreads % kChunks == 0 && kRows % kRowsPerPass == 0, "every thread copies the same chunks");
   const int row = static_cast<int>(threadIdx.x) / kChunks, chunk = static_cast<int>(threadIdx.x) % kChunks;
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
@@ -322,16 +324,20 @@ __global__ void __launch_bounds__(kPreprocessThreads)
         const int64_t query = batch_query % seqlen_q, batch = batch_query / seqlen_q;
         delta[(batch * heads_q + head) * seqlen_q + query] = dot;  // (batch, heads_q, seqlen_q), like L
       }
-      float4* accum = reinterpret_cast<float4*>(grad_q_accum + offset);  // 8 floats: two float4
-      accum[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      accum[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (grad_q_accum != nullptr) {  // null in the deterministic mode: no atomics to add into it
+        float4* accum = reinterpret_cast<float4*>(grad_q_accum + offset);  // 8 floats: two float4
+        accum[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        accum[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
   }
 }
 // --8<-- [end:preprocess]
 
 // ---------------------------------------------------------------- 2. main kernel
-template <typename T, int kHeadDim>
+// kAtomicDq: dQ's partial sums by atomics (the default); false: dK and dV only, dQ by the separate
+// deterministic pass (flash_backward_dq_kernel below).
+template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_kernel(const AttentionBackwardParams params, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -448,15 +454,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // --8<-- [start:backward_loop]
   // The steps, in a fixed order: query heads of the group outer, query blocks from the first that
   // sees this key block inner. Counters, not a divided step index: no 64-bit division in the loop.
-  int head_in_group = 0, query_block = first_query_block, stage = 0;
-  while (head_in_group < group) {
+  const auto advance = [&](int& head_in_group, int& query_block) {
+    if (++query_block == query_blocks) query_block = first_query_block, ++head_in_group;
+  };
+  for (int head_in_group = 0, query_block = first_query_block, stage = 0; head_in_group < group;
+       advance(head_in_group, query_block), stage ^= 1) {
     // This thread's copies of this step (the newest group) have landed; after the barrier everyone's
     // have, and everyone has finished the previous step, whose stage the prefetch below overwrites
     // and whose dS^T (read by its dQ) this step overwrites.
     wait_copies<0>();
     __syncthreads();
-    int next_head = head_in_group, next_block = query_block + 1;
-    if (next_block == query_blocks) next_block = first_query_block, ++next_head;
+    int next_head = head_in_group, next_block = query_block;
+    advance(next_head, next_block);
     if (next_head < group) load_step(next_head, next_block, stage ^ 1);
     commit_copies();
 
@@ -585,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // store per register: for a fixed register the 32 lanes write 8 rows (row % 8 = l / 4) x 4
       // words of one chunk column, which the swizzle spreads over 8 bank groups: no conflict.
 #pragma unroll
-      for (int kk = 0; kk < kPhaseSteps; ++kk) {
+      for (int kk = 0; kk < (kAtomicDq ? kPhaseSteps : 0); ++kk) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           // key warp_key + lane_row + 8 (r % 2), queries phase_query + 16kk + 8 (r / 2) + lane_col:
@@ -606,12 +615,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     //   B = K_j (k = key, n = d): stored key-major, d contiguous = k-major: ldmatrix.trans.
     // The partial sum goes straight from the accumulators to grad_q_accum with float32 atomics (red
     // at L2), unscaled: the convert kernel multiplies by the scale once.
+    if constexpr (!kAtomicDq) continue;  // the deterministic pass computes dQ
     __syncthreads();
-    // SOLUTION BEGIN lab08.8: dq (kDqTilesM x kDqTilesN accumulators) = dS K_j for this warp's (kDqRows, kDqCols) tile
-    // at
+    // SOLUTION BEGIN lab08.8: dq (kDqTilesM x kDqTilesN accumulators) = dS K_j for this warp's tile at
     //   (dq_row0, dq_col0): per k-step kk of 16 keys, A fragments of dS by ldmatrix_x4_trans from ds_tile at
     //   ds_at.at(16 kk, 2 m), B fragments of K_j by ldmatrix_x4_trans from k_tile at k_bt.at(16 kk, n); then
-    //   atomic_add_pair each accumulator pair into grad_q_accum (batch, query, head, d), skipping queries >= seqlen_q
+    //   atomic_add_pair each accumulator pair into grad_q_accum (batch, query, head, d), skipping queries past the
+    //   tile's query_end
     float dq[Config::kDqTilesM][Config::kDqTilesN][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
@@ -651,8 +661,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // SOLUTION END
     // --8<-- [end:dq_atomics]
-
-    head_in_group = next_head, query_block = next_block, stage ^= 1;
   }
 
   // dK_j = scale * sum dS^T Q, dV_j = sum P^T dO: rounded once, written once, rows past seqlen_k not.
@@ -715,48 +723,277 @@ __global__ void __launch_bounds__(kConvertThreads)
 // workspace. What the atomics cost instead, in arithmetic: each key block adds Br x D floats per
 // step, so a head receives 4 Sq D (Sk / 128) bytes of adds against 10 Sq Sk D FLOPs of products:
 // 320 FLOP per byte of adds, whatever the lengths. At 200 TFLOP/s that is 0.6 TB/s of float32
-// reductions into L2 (red.global.add; on sm_90 two floats per instruction). This kernel keeps the
-// atomics, as FlashAttention-2 does by default (its backward takes `deterministic=True` for the
-// slower, reproducible path); the second pass is the documented alternative.
+// reductions into L2 (red.global.add; on sm_90 two floats per instruction). The atomics are the
+// default, as in FlashAttention-2 (whose backward takes `deterministic=True` for a slower,
+// reproducible path); params.deterministic selects the second pass (flash_backward_dq_kernel).
 // --8<-- [end:determinism]
+
+// --8<-- [start:dq_pass]
+// The deterministic dQ pass (params.deterministic): FlashAttention's forward structure applied to
+// dQ = s dS K. One block per (query block of 64, batch, query head); each of 4 warps owns 16 query
+// rows and sums their dQ in registers over the key blocks in ascending order, written once. Per key
+// block: S = Q K^T and dP = dO V^T (queries as mma rows: A = Q, dO, stored m-major; B = K^T, V^T,
+// K and V stored n-major: plain ldmatrix), P and dS in registers, then dQ += dS K with dS straight
+// from the accumulators as the A operand (the pairs of two key tiles make one k-step) and B = K
+// (k = key, n = d; stored k-major: ldmatrix.trans). K_j, V_j double-buffered with cp.async.
+// Registers: dQ 16 x D / 32 lanes = D / 2; S and dP 2 x 16 x Bc / 32 = Bc; at D = 64 also the Q and
+// dO A-fragments (2 x 16 x 64 x 2 B / 32 / 4 = 32). Bc = 64 keys a step at D = 64 (32 + 64 + 32),
+// 32 at D = 128 (64 + 32; with 64 keys ptxas spilled). Shared memory: Q, dO and two stages of K, V:
+// 2 x 64 x D x 2 B + 2 x 2 x Bc x D x 2 B = 64 KiB (D = 128), 48 KiB (D = 64).
+constexpr int kDqPassWarps = 4;
+constexpr int kDqPassThreads = kDqPassWarps * kWarpSize;
+constexpr int kDqPassBlockM = kDqPassWarps * kMmaM;  // 64 queries, 16 a warp
+
+template <int kHeadDim>
+struct DqPassTiles {
+  static constexpr int kChunksD = kHeadDim / kElementsPerChunk;
+  static constexpr int kBlockN = kHeadDim == 64 ? 64 : 32;       // keys per step
+  static constexpr int kQTileChunks = kDqPassBlockM * kChunksD;  // Q or dO: (64, D)
+  static constexpr int kKvTileChunks = kBlockN * kChunksD;       // a stage of K or V: (kBlockN, D)
+  static constexpr bool kQdoInRegisters = kHeadDim == 64;
+  static constexpr int kSharedBytes = (2 * kQTileChunks + 2 * kStages * kKvTileChunks) * course::kChunkBytes;
+  static_assert(kBlockN % (2 * kMmaK) == 0, "whole k-steps, key tiles in ldmatrix.x4 pairs");
+  static_assert(kHeadDim / 2 + 2 * kMmaM * kBlockN / kWarpSize + (kQdoInRegisters ? kHeadDim / 2 : 0) + 48 <=
+                    kMaxRegisters,
+                "dQ, S, dP (and Q, dO fragments) fit one thread's registers");
+  static_assert(kSharedBytes <= kSharedOptInSm80, "fits sm_80's shared memory");
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kDqPassThreads)
+    flash_backward_dq_kernel(const AttentionBackwardParams params, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // as flash_backward_kernel
+#else
+  using Config = DqPassTiles<kHeadDim>;
+  constexpr int kChunksD = Config::kChunksD, kDimTiles = kHeadDim / kMmaN, kBlockNq = Config::kBlockN;
+  constexpr int kKeyTiles = kBlockNq / kMmaN;
+  constexpr bool kQdoInRegisters = Config::kQdoInRegisters;
+  extern __shared__ uint4 shared_chunks[];
+  uint4* const q_tile = shared_chunks;                               // (64, D) swizzled
+  uint4* const do_tile = q_tile + Config::kQTileChunks;              // (64, D)
+  uint4* const k_tiles = do_tile + Config::kQTileChunks;             // (kStages, kBlockN, D)
+  uint4* const v_tiles = k_tiles + kStages * Config::kKvTileChunks;  // (kStages, kBlockN, D)
+
+  const AttentionParams& forward = params.forward;
+  const int64_t seqlen_q = forward.seqlen_q, seqlen_k = forward.seqlen_k;
+  const int64_t heads_q = forward.heads_q, heads_kv = forward.heads_kv;
+  const bool causal = forward.causal;
+  // blockIdx.x = (batch * heads_q + head) * query_blocks + i
+  const int64_t query_blocks = course::ceil_div<int64_t>(seqlen_q, kDqPassBlockM);
+  const int64_t batch_head = blockIdx.x / query_blocks;
+  const int64_t batch = batch_head / heads_q, head = batch_head % heads_q;
+  const int64_t kv_head = head / (heads_q / heads_kv);
+  const int64_t query0 = (blockIdx.x % query_blocks) * kDqPassBlockM;
+  const int query_end = static_cast<int>(min(seqlen_q - query0, int64_t{kDqPassBlockM}));
+  // Key blocks: every one, or (causal) up to the last key the block's last query sees; none when
+  // every row of the block sees no key (seqlen_q > seqlen_k): their dQ is 0.
+  const int64_t key_limit = causal ? causal_key_end(query0 + query_end - 1, seqlen_q, seqlen_k) : seqlen_k;
+  const int key_blocks = key_limit > 0 ? static_cast<int>(course::ceil_div<int64_t>(key_limit, kBlockNq)) : 0;
+
+  const Strides &qs = forward.q_strides, &ks = forward.k_strides, &vs = forward.v_strides;
+  const T* const k_head = static_cast<const T*>(forward.k) + batch * ks.batch + kv_head * ks.head;
+  const T* const v_head = static_cast<const T*>(forward.v) + batch * vs.batch + kv_head * vs.head;
+  const auto load_kv = [&](int key_block, int stage) {
+    const int64_t key0 = int64_t{key_block} * kBlockNq;
+    load_tile<kBlockNq, kChunksD, kDqPassThreads>(k_tiles + stage * Config::kKvTileChunks, k_head, ks.seq, key0,
+                                                  seqlen_k);
+    load_tile<kBlockNq, kChunksD, kDqPassThreads>(v_tiles + stage * Config::kKvTileChunks, v_head, vs.seq, key0,
+                                                  seqlen_k);
+  };
+
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp_query = warp * kMmaM;  // this warp's first query row in the block
+  const int lane_row = accumulator_coord(lane, 0).row, lane_col = accumulator_coord(lane, 0).col;
+  // Q, dO as A (rows warp_query + a_source: the b_trans_source offsets), K, V as B of S and dP
+  // (b_source), K as B of dQ (b_trans_source).
+  const LaneOffsets<kChunksD> bt(b_trans_source(lane).row, b_trans_source(lane).col / kElementsPerChunk);
+  const LaneOffsets<kChunksD> b(b_source(lane).row, b_source(lane).col / kElementsPerChunk);
+  const uint4* const q_rows = q_tile + warp_query * kChunksD;
+  const uint4* const do_rows = do_tile + warp_query * kChunksD;
+
+  // This lane's two rows (lane_row, + 8): L log2(e) and D, once.
+  float lse2[2], row_dot[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t query = query0 + warp_query + lane_row + 8 * half;
+    const int64_t at = (batch * heads_q + head) * seqlen_q + query;
+    lse2[half] = query < seqlen_q ? lse_log2(forward.lse[at]) : INFINITY;  // past the end: P = 0
+    row_dot[half] = query < seqlen_q ? params.delta[at] : 0.0f;
+  }
+
+  load_tile<kDqPassBlockM, kChunksD, kDqPassThreads>(
+      q_tile, static_cast<const T*>(forward.q) + batch * qs.batch + head * qs.head, qs.seq, query0, seqlen_q);
+  load_tile<kDqPassBlockM, kChunksD, kDqPassThreads>(
+      do_tile, static_cast<const T*>(params.grad_o) + (batch * seqlen_q * heads_q + head) * kHeadDim,
+      heads_q * kHeadDim, query0, seqlen_q);
+  if (key_blocks > 0) load_kv(0, 0);
+  commit_copies();
+  uint32_t q_fragments[kQdoInRegisters ? kHeadDim / kMmaK : 1][4];
+  uint32_t do_fragments[kQdoInRegisters ? kHeadDim / kMmaK : 1][4];
+  if constexpr (kQdoInRegisters) {
+    wait_copies<0>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
+      ldmatrix_x4(q_fragments[kk], byte_at(q_rows, bt.at(0, 2 * kk)));
+      ldmatrix_x4(do_fragments[kk], byte_at(do_rows, bt.at(0, 2 * kk)));
+    }
+  }
+
+  float dq[kDimTiles][4] = {};  // (16 queries, D) of this warp
+  for (int key_block = 0, stage = 0; key_block < key_blocks; ++key_block, stage ^= 1) {
+    wait_copies<0>();
+    __syncthreads();  // K_j, V_j landed for everyone; everyone is done with key block j - 1's stage
+    if (key_block + 1 < key_blocks) load_kv(key_block + 1, stage ^ 1);
+    commit_copies();
+    const uint4* const k_tile = k_tiles + stage * Config::kKvTileChunks;
+    const uint4* const v_tile = v_tiles + stage * Config::kKvTileChunks;
+    const int64_t key0 = int64_t{key_block} * kBlockNq;
+    const int key_end = static_cast<int>(min(seqlen_k - key0, int64_t{kBlockNq}));
+    const int diagonal = causal ? static_cast<int>(max(min(seqlen_k - seqlen_q - key0 + query0, int64_t{kBlockNq}),
+                                                       int64_t{-kDqPassBlockM}))
+                                : kBlockNq;
+    const bool masked = key_end < kBlockNq || query_end < kDqPassBlockM || diagonal < kBlockNq - 1;
+
+    // S = Q K^T, dP = dO V^T: (16 queries, 64 keys) per warp, k = D.
+    float s[kKeyTiles][4] = {}, dp[kKeyTiles][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
+      uint32_t q_a[4], do_a[4];
+      if constexpr (kQdoInRegisters) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) q_a[r] = q_fragments[kk][r], do_a[r] = do_fragments[kk][r];
+      } else {
+        ldmatrix_x4(q_a, byte_at(q_rows, bt.at(0, 2 * kk)));
+        ldmatrix_x4(do_a, byte_at(do_rows, bt.at(0, 2 * kk)));
+      }
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; n += 2) {
+        const uint32_t offset = b.at(n * kMmaN, 2 * kk);  // keys 8n .., d = 16kk ..
+        uint32_t k_b[4], v_b[4];
+        ldmatrix_x4(k_b, byte_at(k_tile, offset));
+        ldmatrix_x4(v_b, byte_at(v_tile, offset));
+        const uint32_t k0[2] = {k_b[0], k_b[1]}, k1[2] = {k_b[2], k_b[3]};
+        const uint32_t v0[2] = {v_b[0], v_b[1]}, v1[2] = {v_b[2], v_b[3]};
+        mma_16816<T>(s[n], q_a, k0);
+        mma_16816<T>(s[n + 1], q_a, k1);
+        mma_16816<T>(dp[n], do_a, v0);
+        mma_16816<T>(dp[n + 1], do_a, v1);
+      }
+    }
+    // P and dS: accumulator r of key tile n is query warp_query + lane_row + 8 (r / 2), key 8n + lane_col + r % 2.
+    // SOLUTION BEGIN lab08.7: the deterministic pass's P and dS, in place in dp: as in the main kernel, with queries as
+    //   rows here (lse2 and row_dot are this lane's two rows), visible_in_tile(key, query, ...) where `masked`
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float p = exp2_approx(fmaf(s[n][r], scale_log2, -lse2[r / 2]));
+        if (masked && !visible_in_tile(n * kMmaN + lane_col + r % 2, warp_query + lane_row + 8 * (r / 2), key_end,
+                                       query_end, diagonal)) {
+          p = 0.0f;
+        }
+        dp[n][r] = p * (dp[n][r] - row_dot[r / 2]);
+      }
+    }
+    // SOLUTION STUB
+    // for (auto& tile : dp) for (float& value : tile) value = 0.0f;
+    // (void)s, (void)lse2, (void)row_dot, (void)masked;  // used by the code you write
+    // SOLUTION END
+    // dQ += dS K_j: k-step kk (keys 16kk ..) takes the pairs of key tiles 2kk and 2kk + 1 as A.
+    // SOLUTION BEGIN lab08.8: the deterministic pass's dq += dS K_j: per k-step kk of 16 keys, the A fragment packed
+    //   from dp's key tiles 2kk and 2kk + 1, B fragments of K_j by ldmatrix_x4_trans from k_tile at bt.at(16 kk, n)
+#pragma unroll
+    for (int kk = 0; kk < kBlockNq / kMmaK; ++kk) {
+      const uint32_t ds_a[4] = {pack_pair<T>(dp[2 * kk][0], dp[2 * kk][1]), pack_pair<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                                pack_pair<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                pack_pair<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < kDimTiles; n += 2) {
+        uint32_t k_b[4];
+        ldmatrix_x4_trans(k_b, byte_at(k_tile, bt.at(kk * kMmaK, n)));  // keys 16kk .., d = 8n ..
+        const uint32_t k0[2] = {k_b[0], k_b[1]}, k1[2] = {k_b[2], k_b[3]};
+        mma_16816<T>(dq[n], ds_a, k0);
+        mma_16816<T>(dq[n + 1], ds_a, k1);
+      }
+    }
+    // SOLUTION END
+  }
+
+  T* const grad_q = static_cast<T*>(params.grad_q);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int query = warp_query + lane_row + 8 * half;
+    if (query >= query_end) continue;
+    const int64_t offset = ((batch * seqlen_q + query0 + query) * heads_q + head) * kHeadDim + lane_col;
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n) {
+      store_pair(grad_q + offset + n * kMmaN, forward.scale * dq[n][2 * half], forward.scale * dq[n][2 * half + 1]);
+    }
+  }
+#endif
+}
+// --8<-- [end:dq_pass]
+
+// Opt in to `bytes` of dynamic shared memory for `kernel` on the current GPU, once per GPU (the
+// caller keeps `cache`, one per kernel), with a clear error where the GPU has less.
+template <typename Kernel>
+void opt_in_shared(course::PerDeviceCache& cache, Kernel kernel, int bytes, int head_dim) {
+  cache.get([&] {
+    const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    if (limit < bytes) {
+      throw std::runtime_error("flash_backward: head_dim " + std::to_string(head_dim) + " needs " +
+                               std::to_string(bytes) + " bytes of shared memory a block; this GPU allows " +
+                               std::to_string(limit));
+    }
+    // Above 48 KiB of dynamic shared memory a kernel must opt in.
+    COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return 1;
+  });
+}
 
 template <typename T, int kHeadDim>
 void launch_typed(const AttentionBackwardParams& params, cudaStream_t stream) {
-  using Config = Tiles<kHeadDim>;
   const AttentionParams& forward = params.forward;
+  const bool deterministic = params.deterministic;
   const int multiprocessors = course::device_attribute(cudaDevAttrMultiProcessorCount);
   constexpr int64_t kBlocksPerSm = 8;  // grid-stride kernels: a few waves' worth of blocks, then loop
 
-  // 1. D and the zeroed accumulator.
+  // 1. D, and the zeroed accumulator of the atomics.
   const int64_t rows = forward.batch * forward.seqlen_q * forward.heads_q;
   constexpr int64_t kRowsPerBlock = kPreprocessThreads / (kHeadDim / course::kElemsPerVector<T>);
   const int64_t preprocess_blocks =
       std::min(course::ceil_div<int64_t>(rows, kRowsPerBlock), kBlocksPerSm * multiprocessors);
   backward_preprocess_kernel<T, kHeadDim><<<static_cast<unsigned>(preprocess_blocks), kPreprocessThreads, 0, stream>>>(
-      static_cast<const T*>(params.grad_o), static_cast<const T*>(forward.o), params.delta, params.grad_q_accum, rows,
-      forward.seqlen_q, forward.heads_q);
+      static_cast<const T*>(params.grad_o), static_cast<const T*>(forward.o), params.delta,
+      deterministic ? nullptr : params.grad_q_accum, rows, forward.seqlen_q, forward.heads_q);
   COURSE_CHECK_LAUNCH();
 
-  // 2. dK, dV and the dQ partial sums.
-  const auto kernel = flash_backward_kernel<T, kHeadDim>;
-  static course::PerDeviceCache shared_opt_in;  // a static of this template: one per instantiation, per GPU
-  shared_opt_in.get([&] {
-    const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    if (limit < Config::kSharedBytes) {
-      throw std::runtime_error("flash_backward: head_dim " + std::to_string(kHeadDim) + " needs " +
-                               std::to_string(Config::kSharedBytes) +
-                               " bytes of shared memory a block; this GPU allows " + std::to_string(limit));
-    }
-    // Above 48 KiB of dynamic shared memory a kernel must opt in, once per GPU.
-    COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
-    return 1;
-  });
+  // 2. dK, dV (and the dQ partial sums).
   const int64_t blocks = course::ceil_div<int64_t>(forward.seqlen_k, kBlockN) * forward.batch * forward.heads_kv;
   if (blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_backward: too many key blocks");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, Config::kSharedBytes, stream>>>(params, forward.scale * kLog2e);
+  const auto kernel =
+      deterministic ? flash_backward_kernel<T, kHeadDim, false> : flash_backward_kernel<T, kHeadDim, true>;
+  static course::PerDeviceCache opted_in[2];  // statics of this template: per instantiation, per GPU
+  opt_in_shared(opted_in[deterministic], kernel, Tiles<kHeadDim>::kSharedBytes, kHeadDim);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, Tiles<kHeadDim>::kSharedBytes, stream>>>(params,
+                                                                                             forward.scale * kLog2e);
   COURSE_CHECK_LAUNCH();
 
-  // 3. grad_q.
+  // 3. grad_q: from the accumulator, or by the deterministic pass.
+  if (deterministic) {
+    const int64_t dq_blocks =
+        course::ceil_div<int64_t>(forward.seqlen_q, kDqPassBlockM) * forward.batch * forward.heads_q;
+    if (dq_blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_backward: too many query blocks");
+    const auto dq_kernel = flash_backward_dq_kernel<T, kHeadDim>;
+    static course::PerDeviceCache dq_opted_in;
+    opt_in_shared(dq_opted_in, dq_kernel, DqPassTiles<kHeadDim>::kSharedBytes, kHeadDim);
+    dq_kernel<<<static_cast<unsigned>(dq_blocks), kDqPassThreads, DqPassTiles<kHeadDim>::kSharedBytes, stream>>>(
+        params, forward.scale * kLog2e);
+    COURSE_CHECK_LAUNCH();
+    return;
+  }
   const int64_t vectors = rows * kHeadDim / course::kElemsPerVector<T>;
   const int64_t convert_blocks =
       std::min(course::ceil_div<int64_t>(vectors, kConvertThreads), kBlocksPerSm * multiprocessors);
@@ -806,7 +1043,8 @@ void launch_flash_backward(ElementType type, const AttentionBackwardParams& para
     COURSE_CUDA_CHECK(cudaMemsetAsync(params.grad_v, 0, kv_elements * element_bytes, stream));
     return;
   }
-  const void* const vectorized[] = {params.grad_o, forward.o, params.grad_q, params.grad_q_accum};
+  const void* const vectorized[] = {params.grad_o, forward.o, params.grad_q,
+                                    params.deterministic ? nullptr : params.grad_q_accum};
   for (const void* pointer : vectorized) {
     if (!aligned16(pointer)) {
       throw std::invalid_argument("flash_backward: grad_o, o, grad_q and grad_q_accum must be 16-byte aligned");
