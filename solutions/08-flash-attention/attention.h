@@ -84,9 +84,17 @@ void launch_attention_naive(ElementType type, const AttentionParams& params, flo
 void launch_flash_forward_fp32(const AttentionParams& params, cudaStream_t stream);
 
 // Rung 3. float16 or bfloat16, head_dim 64 or 128, compute capability 8.0 or newer (mma.m16n8k16,
-// cp.async); the wrapper checks. Base pointers 16-byte aligned and the seq and head strides
-// multiples of 8 elements, so that every 16-byte row chunk is one cp.async.
+// cp.async); the wrapper checks. Base pointers 16-byte aligned and the batch, seq and head strides
+// multiples of 8 elements (but those of a dimension of size 1), so that every 16-byte row chunk is one
+// cp.async; the launcher checks and throws std::invalid_argument otherwise, and for a scale <= 0.
 void launch_flash_forward(ElementType type, const AttentionParams& params, cudaStream_t stream);
+
+// Rung 3's tiles, for the grader and the page: block_m query rows a block (16 a warp), block_n keys
+// a key block, warps a block, stages of the K/V ring, dynamic shared memory a block. head_dim 64 or 128.
+struct FlashForwardTiles {
+  int block_m, block_n, warps, stages, shared_bytes;
+};
+FlashForwardTiles flash_forward_tiles(int head_dim);
 
 // Rung 4. Same contract as rung 3; grad_k and grad_v of a key/value head sum over the query
 // heads of its group.
