@@ -83,6 +83,13 @@ void launch_attention_naive(ElementType type, const AttentionParams& params, flo
 // Rung 2. float32 only, head_dim 64 or 128.
 void launch_flash_forward_fp32(const AttentionParams& params, cudaStream_t stream);
 
+// Rung 2's tiles, for the grader and the page: block_m query rows per block, block_n keys per
+// step, warps per block, dynamic shared memory per block. head_dim 64 or 128.
+struct FlashFp32Tiles {
+  int block_m, block_n, warps, shared_bytes;
+};
+FlashFp32Tiles flash_fp32_tiles(int head_dim);
+
 // Rung 3. float16 or bfloat16, head_dim 64 or 128, compute capability 8.0 or newer (mma.m16n8k16,
 // cp.async); the wrapper checks. Base pointers 16-byte aligned and the batch, seq and head strides
 // multiples of 8 elements (but those of a dimension of size 1), so that every 16-byte row chunk is one
