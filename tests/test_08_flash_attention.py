@@ -21,8 +21,10 @@ Tolerances, derived. Every golden is float64 (flash_model.py's reference, on the
     the worst o error was 0.2-0.9% of this allowance: a rescale forgotten, a mask off by one key, a tail key
     counted, are errors of the size of o itself.
   - lse = m + log(l) in float32 (every rung): absolute error ~ the score's (a float32 dot) plus log(l)'s; checked
-    relative to |lse| + rms(lse) with the same float tolerance (the emulation's worst: 0.1-0.4% of it). Rows that
-    see no key must be exactly -inf, and their o exactly 0.
+    relative to |lse| + rms(lse) with the same float tolerance (the emulation's worst: 0.1-0.4% of it), plus, in a
+    16-bit rung, 2 u of the dtype absolute: l may be summed from P after its rounding to 16 bits (each term then
+    off by u relative, l and so lse by u absolute) as well as before (FlashAttention-2's choice), and both are
+    right. Rows that see no key must be exactly -inf, and their o exactly 0.
   - 16-bit outputs (rung 1 in float16/bfloat16, rungs 3 and 4): a per-element check first (the float tolerance
     plus harness.tolerance(dtype) for the rounding of P to 16 bits before P V and of the output: each at most one
     16-bit rounding of a term, 8x under that allowance), which catches never-written and grossly wrong elements
@@ -40,6 +42,9 @@ Tolerances, derived. Every golden is float64 (flash_model.py's reference, on the
     (so a wrong forward does not fail it), and the golden gradient takes D = rowsum(dO * o) from that same o (the
     kernel's contract: o as the forward stored it).
   - float32 rungs (1 and 2 in float32): the per-element float check alone.
+  - Determinism: grad_k and grad_v bitwise identical run to run (summed inside one block in a fixed order); grad_q
+    is not with the default float32 atomics (any order of the key blocks), so each run's grad_q passes the rule
+    instead; with deterministic=True (dQ by a second pass) all three are bitwise identical.
 Outputs the wrapper allocates come from a poisoned pool (harness.check.PoisonedPool): an unwritten element reads NaN,
 bytes written past an output's end fail the test. Inputs are checked unchanged after every call (harness.calls,
 through LAB.module; a strided view through the bytes of its storage). Every failure names batch, head, query row
@@ -81,12 +86,15 @@ POINTS = {"lab08.1": 8, "lab08.2": 12, "lab08.3": 12, "lab08.4": 15, "lab08.5": 
 SANITIZE_CASES = [
     r"test_naive\[113x203-float32-d33-causal\]",
     r"test_naive\[203x113-bfloat16-d64-causal\]",
+    r"test_naive_heads\[113x203-b1-h8-kv2-float32-d33-causal\]",
     r"test_flash_fp32\[(113x203|203x113)-float32-d64-causal\]",
+    r"test_flash_fp32_heads\[113x203-b1-h8-kv2-float32-d64-causal\]",
     r"test_flash_forward\[(113x203|203x113)-bfloat16-d64-causal\]",
     r"test_flash_forward\[128x217-float16-d128-noncausal\]",
     r"test_flash_forward_heads\[113x203-b1-h8-kv2-bfloat16-d64-causal\]",
     r"test_flash_backward\[(113x203|203x113)-bfloat16-d64-causal\]",
     r"test_flash_backward_heads\[113x203-b1-h8-kv2-bfloat16-d64-causal\]",
+    r"test_flash_backward_deterministic_mode\[113x203-b2-h3-kv3-bfloat16-d64-causal\]",
 ]
 
 NAIVE_HINT = (
@@ -292,11 +300,12 @@ def forward_op(op, q, k, v, causal, scale, *, case):
     return o, lse
 
 
-def backward_op(grad_o, q, k, v, o, lse, causal, scale, *, case):
+def backward_op(grad_o, q, k, v, o, lse, causal, scale, *, case, deterministic=False):
     """flash_backward's (grad_q, grad_k, grad_v) from a poisoned pool (with its workspaces: D and the float32 dQ)."""
     sizes = [nbytes(q), nbytes(k), nbytes(v), _lse_bytes(q), q.numel() * 4]
     with harness.check.PoisonedPool(large_bytes=_pool_bytes(*sizes)) as pool:
-        grads = LAB.module.flash_backward(grad_o, q, k, v, o, lse, causal=causal, scale=scale)
+        grads = LAB.module.flash_backward(grad_o, q, k, v, o, lse, causal=causal, scale=scale,
+                                          deterministic=deterministic)
     for name, got in zip(("grad_q", "grad_k", "grad_v"), grads):
         pool.assert_no_spill(got, name=name, case=case)
     return grads
@@ -352,7 +361,7 @@ MODEL_CASES = [((1, 1), False, (1, 1)), ((1, 1), True, (1, 1)), ((113, 203), Fal
                ((113, 203), True, (4, 2)), ((128, 217), False, (3, 1)), ((128, 217), True, (2, 2)),
                ((203, 113), True, (4, 2)), ((203, 113), False, (2, 1)), ((64, 64), True, (2, 2)),
                ((0, 5), True, (2, 1)), ((5, 0), False, (2, 1)), ((1023, 1024), True, (1, 1))]
-MODEL_TILES = [(64, 64), (128, 64), (64, 128), (16, 32)]
+MODEL_TILES = [(64, 64), (64, 128), (64, 16), (128, 64), (16, 32)]  # the kernels' (constants()) and others
 
 
 def _model_inputs(seqlen_q, seqlen_k, heads, head_dim=16, batch=2):
@@ -419,7 +428,7 @@ def test_model_backward(case, tile):
                                 f"reference_backward's {name} against torch.autograd ({_model_id(case)})")
 
 
-BLOCK_SHAPES = [(16, 16), (16, 32), (32, 16), (64, 64), (128, 64), (64, 128)]
+BLOCK_SHAPES = [(16, 16), (16, 32), (32, 16), (64, 16), (64, 32), (64, 64), (128, 64), (64, 128)]
 
 
 def _block_truth(seqlen_q, seqlen_k, block_m, block_n, causal):
@@ -639,16 +648,22 @@ def run_forward_case(op, rung, seqlens, dtype, head_dim, causal, *, heads=None, 
     check_forward(o, lse, q, k, v, causal=causal, scale=scale, rung=rung, case=case, hint=hint)
 
 
-def run_backward_case(seqlens, dtype, head_dim, causal, *, heads=None, scale=None, layout="contiguous"):
+def run_backward_case(seqlens, dtype, head_dim, causal, *, heads=None, scale=None, layout="contiguous",
+                      deterministic=False):
+    """flash_backward on fresh inputs, with o and lse from PyTorch and the golden (a wrong forward fails its own
+    tests, not this one); returns what the check needs to repeat the call."""
     batch, heads_q, heads_kv = heads or main_heads(seqlens)
     q, k, v = make_qkv(batch, *seqlens, heads_q, heads_kv, head_dim, dtype, layout)
     grad_o = randn(q.shape, dtype)
-    o = attention.same_dtype_attention(q, k, v, causal, scale).contiguous()  # PyTorch's forward: a wrong forward fails
-    gold = golden(q, k, v, causal, scale, grad_o=grad_o, o=o)       # its own tests, not this one
+    o = attention.same_dtype_attention(q, k, v, causal, scale).contiguous()
+    gold = golden(q, k, v, causal, scale, grad_o=grad_o, o=o)
     lse = gold["lse"].float()
     case = f"flash_backward of {describe(q, k, causal=causal, scale=scale, layout=layout)}"
-    grads = backward_op(grad_o, q, k, v, o, lse, causal, scale, case=case)
+    if deterministic:
+        case += ", deterministic=True (dQ by the second pass)"
+    grads = backward_op(grad_o, q, k, v, o, lse, causal, scale, case=case, deterministic=deterministic)
     check_backward(grads, grad_o, q, k, v, o, causal=causal, scale=scale, case=case, gold=gold)
+    return grads, (grad_o, q, k, v, o, lse), case
 
 
 # ---------------------------------------------------------------- GPU: rung 1, attention_naive
@@ -900,6 +915,31 @@ def test_flash_backward_deterministic():
             harness.check.assert_flash_rule(
                 again[0], gold["grad_q"], same[0], case=f"{case}: grad_q of run {run}", k=3.0,
                 slack=tolerance(FP32, 1024 + 64) * gold["grad_q_terms"])
+
+
+DETERMINISTIC_CASES = [((113, 203), BF16, 64, True, (2, 3, 3)), ((203, 113), FP16, 128, True, (1, 8, 2)),
+                       ((128, 217), BF16, 128, False, (2, 4, 1)), ((1023, 1024), BF16, 64, True, (2, 8, 2))]
+
+
+@requires_gpu
+@pytest.mark.parametrize("seqlens, dtype, head_dim, causal, heads", [
+    pytest.param(s, dt, d, c, h, marks=harness.tasks(*BACKWARD_TASKS),
+                 id=f"{seqlen_id(s)}-{heads_id(h)}-{dtype_name(dt)}-d{d}-{mask_name(c)}")
+    for s, dt, d, c, h in DETERMINISTIC_CASES])
+def test_flash_backward_deterministic_mode(seqlens, dtype, head_dim, causal, heads):
+    """flash_backward(..., deterministic=True): dQ by a second pass over the key blocks instead of atomics. Right
+    (as every backward case), and grad_q, grad_k, grad_v bitwise identical over 3 runs."""
+    skip_before_sm80("flash_backward")
+    first, args, case = run_backward_case(seqlens, dtype, head_dim, causal, heads=heads, deterministic=True)
+    with harness.calls.unchecked():
+        for run in (2, 3):
+            again = LAB.module.flash_backward(*args, causal=causal, deterministic=True)
+            for name, a, b in zip(("grad_q", "grad_k", "grad_v"), first, again):
+                if not torch.equal(a, b):
+                    raise harness.GradeFailure(
+                        f"{case}: {name} of run {run} differs from run 1 in {int((a != b).sum())} elements: not "
+                        "bitwise identical\n  hint: with deterministic=True no sum may depend on the order in which "
+                        "blocks run: each dQ element summed by one thread, over the key blocks in order")
 
 
 # ---------------------------------------------------------------- GPU: every op on the current stream
@@ -1361,4 +1401,89 @@ test_notebook_runs = _NO_NOTEBOOK(_notebook_runs)
 
 
 # ---------------------------------------------------------------- known-wrong variants the grader must fail
-MUTANTS: list[harness.Mutant] = []
+_FORWARD_END = "    const int64_t end = causal ? causal_key_end(row, seqlen_q, seqlen_k) : seqlen_k;\n"
+MUTANTS = [
+    # The online recurrence without the rescale of O when the row's max grows: O keeps terms relative to an old max.
+    # Random scores raise some row's max in most key blocks; 113 x 203 has 2 key blocks at d 64, 1023 x 1024 16.
+    harness.Mutant("forward-o-rescale-missing", "flash_forward.cu",
+                   "        o_acc[n][2 * half] *= alpha;\n        o_acc[n][2 * half + 1] *= alpha;\n", "",
+                   tests="test_flash_forward and not heads and not strided and (113x203 or 1023x1024)",
+                   expect="elements wrong"),
+    # The same in the float32 rung (lab08.2).
+    harness.Mutant("fp32-o-rescale-missing", "flash_fp32.cu",
+                   "        for (int e = 0; e < kDimsPerThread; ++e) o_acc[i][e] *= alpha;\n", "",
+                   tests="test_flash_fp32 and not heads and not strided and (113x203 or 1023x1024)",
+                   expect="elements wrong"),
+    # L not updated with the row's sum: lse = scale m, log(l) dropped. o stays right: only the lse check sees it.
+    harness.Mutant("forward-lse-without-log-l", "flash_forward.cu", "? m[half] * p.scale + logf(row_l) : -INFINITY;",
+                   "? m[half] * p.scale : -INFINITY;",
+                   tests="test_flash_forward and not heads and not strided and 128x217", expect="lse"),
+    # Causal mask off by one: each row also sees the key just past its causal_key_end. Rows with few visible keys
+    # (the first rows of 1023 x 1024, the first visible rows of 203 x 113) change by far.
+    harness.Mutant("forward-causal-off-by-one", "flash_forward.cu", _FORWARD_END,
+                   _FORWARD_END.replace("causal_key_end(row, seqlen_q, seqlen_k)",
+                                        "causal_key_end(row, seqlen_q, seqlen_k) + 1"),
+                   tests="test_flash_forward and causal and not noncausal and not heads and not strided and "
+                         "(1023x1024 or 113x203)",
+                   expect="elements wrong"),
+    # Tail keys not masked: without causal the mask ends a block past seqlen_k, so the tail block's rows past
+    # seqlen_k (zero-filled K and V: scores 0, counted in l) take part. 113 x 203 and 128 x 217 have key tails.
+    harness.Mutant("forward-tail-keys-not-masked", "flash_forward.cu", _FORWARD_END,
+                   _FORWARD_END.replace(": seqlen_k;", ": seqlen_k + kKeyTiles * kMmaN;"),
+                   tests="test_flash_forward and noncausal and not heads and not strided and (113x203 or 128x217)",
+                   expect="elements wrong"),
+    # Race (issue 11, class 2): S computed from K_j before its cp.async copies have landed (the wait lets one more
+    # group, K_j's own, stay in flight). Seen as stale or half-written K tiles on most runs of a multi-block case.
+    harness.Mutant("forward-k-read-before-it-landed", "flash_forward.cu",
+                   "    wait_copies<1>();  // this thread's copies of K_j have landed\n",
+                   "    wait_copies<2>();  // this thread's copies of K_j have landed\n",
+                   tests="test_flash_forward and not heads and not strided and (1023x1024 or 2048x2048)",
+                   expect="elements wrong"),
+    # The -inf guard removed: a row that sees no key (203 x 113 causal: rows 0 .. 89) gets exp2(-inf - (-inf)) =
+    # NaN in its P and alpha, so o = NaN instead of 0.
+    harness.Mutant("forward-inf-guard-removed", "flash_forward.cu",
+                   "offset[half] = row_max == -INFINITY ? 0.0f : row_max * scale_log2;",
+                   "offset[half] = row_max * scale_log2;",
+                   tests="test_flash_forward and 203x113 and not noncausal and not heads", expect="see no key"),
+    harness.Mutant("naive-inf-guard-removed", "naive.cu", "float shifted_exp(float x, float m) { return x == -INFINITY "
+                   "? 0.0f : expf(x - m); }", "float shifted_exp(float x, float m) { return expf(x - m); }",
+                   tests="test_naive and 203x113 and not noncausal and not heads", expect="see no key"),
+    # Wrong GQA head map: query head h reads key/value head h % heads_kv instead of h / (heads_q / heads_kv). The
+    # same for MHA and for one key/value head; 8 query heads on 2 differ at every odd head.
+    harness.Mutant("forward-gqa-head-map", "flash_forward.cu",
+                   "const int64_t kv_head = head / (p.heads_q / p.heads_kv);",
+                   "const int64_t kv_head = head % p.heads_kv;",
+                   tests="test_flash_forward_heads and kv2", expect="elements wrong"),
+    # dV missing a term: half of the d tiles of dV += P^T dO never accumulate (zero columns of grad_v).
+    harness.Mutant("backward-dv-missing-term", "flash_backward.cu",
+                   "          mma_16816<T>(dv[n + 1], p_a[kk], do1);\n", "",
+                   tests="test_flash_backward and not heads and not strided and (113x203 or 128x217)",
+                   expect="grad_v"),
+    # Out of bounds (issue 11, class 1): the epilogue's row guard lets row seqlen_q through, the zero Q row of the
+    # last query block: o's next row (another head's) is written, and for the last batch that is past o's end,
+    # in the allocator slack the poisoned pool checks.
+    harness.Mutant("forward-row-guard-off-by-one", "flash_forward.cu", "    if (row >= seqlen_q) continue;\n",
+                   "    if (row > seqlen_q) continue;\n",
+                   tests="test_flash_forward and 113x203 and not heads and not strided",
+                   expect="wrote past the end of o"),
+    # Stream misuse (issue 11, class 3): the backward's grad_q conversion on the legacy default stream.
+    harness.Mutant("backward-convert-on-legacy-stream", "flash_backward.cu",
+                   "convert_grad_q_kernel<T><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, stream>>>(",
+                   "convert_grad_q_kernel<T><<<static_cast<unsigned>(convert_blocks), kConvertThreads>>>(",
+                   tests="test_runs_on_current_stream and flash_backward", expect="legacy default stream"),
+    # 32-bit index (issue 11, class 4): o's row offset kept in an int: past 2^31 elements it wraps (batch 16384
+    # of (16385, 128, 8, 128) starts at element 2^31), and the last batch is written elsewhere or faults.
+    harness.Mutant("forward-int32-output-offset", "flash_forward.cu",
+                   "T* const o_row = o + ((batch * seqlen_q + row) * p.heads_q + head) * kHeadDim + lane_col;",
+                   "T* const o_row = o + static_cast<int>(((batch * seqlen_q + row) * p.heads_q + head) * kHeadDim) "
+                   "+ lane_col;", tests="test_flash_forward_past_2_31_elements and noncausal", expect="int64_t"),
+    # autograd.py (lab08.9), caught without a GPU: a transposed grad_o passed on as it is; the scale dropped.
+    harness.Mutant("autograd-grad-o-not-contiguous", "autograd.py",
+                   "ctx.ops.flash_backward(grad_o.contiguous(), q, k, v, o, lse, ctx.causal, ctx.scale)",
+                   "ctx.ops.flash_backward(grad_o, q, k, v, o, lse, ctx.causal, ctx.scale)",
+                   tests="test_autograd_on_cpu", expect="contiguous", needs_gpu=False),
+    harness.Mutant("autograd-scale-dropped", "autograd.py",
+                   "        o, lse = ops.flash_forward(q, k, v, causal, scale)\n",
+                   "        o, lse = ops.flash_forward(q, k, v, causal)\n", tests="test_autograd_on_cpu",
+                   expect="elements wrong", needs_gpu=False),
+]
