@@ -3,10 +3,11 @@
 Home page (lessons/index.md): `<!-- syllabus -->` becomes the syllabus table, built from
 site/data/syllabus.yml, with each lesson's status read off the repository:
 
-  ready        lessons/NN-slug.md and labs/NN-slug/ both exist
-  below target ready, but the committed GPU results (site/data/bench/NN-slug.json) show a case of
-               the reference solution below its target
-  in progress  one of them, solutions/NN-slug/, or a nav entry for NN-*.md exists
+  ready        lessons/NN-slug.md, labs/NN-slug/ and the committed GPU results
+               (site/data/bench/NN-slug.json) all exist: a lesson whose kernels never ran on a GPU
+               is not ready, however complete its prose
+  below target ready, but those GPU results show a case of the reference solution below its target
+  in progress  any of them, solutions/NN-slug/, or a nav entry for NN-*.md exists
   planned      none of those
 
 Lesson pages (lessons/NN-slug.md):
@@ -67,9 +68,9 @@ def lesson_status(number: str, nav_pages: list[str]) -> tuple[str, str | None]:
     page = _one(trees.LESSONS, number, ".md")
     lab = _one(trees.LABS, number)
     solution = _one(trees.SOLUTIONS, number)
-    if page and lab and lab.is_dir():
-        bench = trees.BENCH_DATA / f"{lab.name}.json"
-        cases = json.loads(bench.read_text())["cases"] if bench.exists() else []
+    bench = trees.BENCH_DATA / f"{lab.name}.json" if lab else None
+    if page and lab and lab.is_dir() and bench.exists():
+        cases = json.loads(bench.read_text())["cases"]
         return ("below-target" if any(c["ratio"] < c["target"] for c in cases) else "ready"), page.name
     in_nav = any(re.match(rf"^{number}-[a-z0-9-]+\.md$", p) for p in nav_pages)
     if page or lab or solution or in_nav:
