@@ -134,7 +134,8 @@ def pytest_sessionfinish(session):
 
     labs = {name: {"points": points, "titles": todos.lab_tasks(trees.find_lab(name))}
             for name, points in _points.items()}
-    data = {"seed": SEED, "tests": _records, "perf": perf.RESULTS, "torch": torch.__version__,
+    data = {"seed": SEED, "tests": _records, "perf": perf.RESULTS, "profiled": perf.PROFILED,
+            "torch": torch.__version__,
             "cuda": torch.version.cuda, "copy_bandwidth_gbps": perf._ceilings.get("copy"),
             "impl": str(trees.resolve_tree().path), "labs": labs,
             "broken_context": _broken_context[0] if _broken_context else None}

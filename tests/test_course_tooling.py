@@ -228,7 +228,8 @@ def test_assert_close_rejects_wrong_shape():
 
 # ---------------------------------------------------------------- the CLI
 @pytest.mark.parametrize(
-    "command", ["serve", "site", "setup", "test", "grade", "sanitize", "build", "bench", "labs", "lint", "doctor"]
+    "command", ["serve", "site", "setup", "test", "grade", "sanitize", "profile", "build", "bench", "labs", "lint",
+                "doctor"]
 )
 def test_every_subcommand_has_help(command):
     result = subprocess.run([COURSE, command, "--help"], capture_output=True, text=True)

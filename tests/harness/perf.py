@@ -6,9 +6,11 @@ baseline interleaved (so clock drift hits both), the median of many runs.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+import pytest
 import torch
 
 from . import calls, jit
@@ -17,6 +19,16 @@ from .check import GradeFailure
 # Every perf case measured in this process; conftest writes them out for `./course bench`.
 RESULTS: list[dict] = []
 _ceilings: dict[str, float] = {}
+# `./course profile` (tools/course/profile.py) runs the perf tests under Nsight Compute with this variable set
+# ("ours", or "ours,baseline"): each perf case then runs its calls once untimed and once between
+# cudaProfilerStart and cudaProfilerStop, the range `ncu --profile-from-start off` profiles, and its test
+# skips. No timing: ncu replays each kernel many times at locked clocks. The perf cases are the profile cases.
+PROFILE_ENV = "COURSE_PROFILE"
+# One entry per profiled range, in order: the case's name and which side ran in it. conftest writes them out.
+PROFILED: list[dict] = []
+# The kernel launched first in each profiled range (torch.cuda._sleep's `spin_kernel`): in ncu's report it
+# marks where one range's kernels end and the next range's begin. tools/course/profile.py splits on it.
+RANGE_MARKER_KERNEL = "spin_kernel"
 
 
 def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 25, flush_l2: bool = True):
@@ -93,7 +105,10 @@ def perf_case(
     The bar is the reference target when grading the solutions and the student
     bar otherwise. `verify` runs after timing on what the timed calls produced,
     so a kernel that is fast because it skips work fails here too.
+    Under `./course profile` (PROFILE_ENV set) the case is profiled instead, and its test skips.
     """
+    if os.environ.get(PROFILE_ENV):
+        profile_case(name, ours, baseline, baseline_name, sides=os.environ[PROFILE_ENV].split(","))
     ours_ms, baseline_ms = time_pair(ours, baseline, reps=reps)
     case = PerfCase(lab, name, baseline_name, ours_ms, baseline_ms, student_bar, target, bytes_moved, flops)
     if bytes_moved:
@@ -112,3 +127,25 @@ def perf_case(
             f"(student bar {student_bar:.2f}x, reference target {target:.2f}x)"
         )
     return case
+
+
+def profile_case(name: str, ours: Callable, baseline: Callable, baseline_name: str, *, sides: list[str]) -> None:
+    """Run each side ("ours", "baseline") once to warm it (lazy initialization, cuBLAS handles, the caching
+    allocator), then once inside a profiler range that opens with the marker kernel; record the range and
+    skip the test. Without the profiler attached, cudaProfilerStart and Stop do nothing."""
+    calls_of = {"ours": ours, "baseline": baseline}
+    with calls.unchecked():
+        for side in ("ours", "baseline"):
+            if side not in sides:
+                continue
+            fn = calls_of[side]
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            torch.cuda._sleep(1)  # RANGE_MARKER_KERNEL: this range's first kernel in ncu's report
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            PROFILED.append({"case": name, "side": side, "baseline_name": baseline_name})
+    pytest.skip(f"{name}: profiled under Nsight Compute ({' and '.join(s for s in sides if s in calls_of)}); "
+                "not timed")

@@ -344,6 +344,18 @@ def cmd_sanitize(args) -> int:
     return 0 if all(sanitizer.is_clean(r) for r in rows) else 1
 
 
+def cmd_profile(args) -> int:
+    import kernel_profile
+
+    python = env.python_for("test")
+    lab = trees.find_lab(args.lab)
+    impl = _impl(args.impl)
+    if args.sass:
+        return kernel_profile.sass(python, lab, impl, kernel=args.kernel, json_out=args.json)
+    return kernel_profile.profile(python, lab, impl, kernel=args.kernel, select=args.select, baseline=args.baseline,
+                                  json_out=args.json, deadline_s=args.deadline)
+
+
 def cmd_labs(args) -> int:
     result = labgen.plan(trees.SOLUTIONS, trees.LABS, ROOT)
     if args.check:
@@ -521,6 +533,21 @@ def main(argv=None) -> int:
     p.add_argument("--impl", default="labs", help=impl_help)
     p.add_argument("--tool", action="append", choices=sanitizer.SANITIZER_TOOLS, help="only this tool (repeatable)")
     p.add_argument("--json", help="write the findings as JSON here")
+    p = add("profile", "a lab's kernels under Nsight Compute: one table per kernel (throughput as % of peak, sectors "
+            "per request, bank conflicts, occupancy and its limiter, top stalls); --sass: their memory and MMA "
+            "instructions", cmd_profile)
+    p.add_argument("lab")
+    p.add_argument("--impl", default="labs", help=impl_help)
+    p.add_argument("--kernel", metavar="REGEX", help="only the kernels whose name matches (e.g. copy_vectorized)")
+    p.add_argument("-k", dest="select", metavar="EXPR",
+                   help="only the perf tests pytest -k selects (e.g. -k vectorized); the default profiles every "
+                   "perf case of the lab, each call once")
+    p.add_argument("--baseline", action="store_true", help="profile each case's PyTorch baseline too")
+    p.add_argument("--sass", action="store_true",
+                   help="instead: each kernel's memory and tensor-core instructions from cuobjdump -sass of the "
+                   "built extension, counted per opcode and in program order (no GPU needed)")
+    p.add_argument("--json", metavar="FILE", help="also write the tables as JSON (e.g. site/data/profile/NN-slug.json)")
+    p.add_argument("--deadline", type=int, default=3600, help="seconds before the profiled run is killed")
     p = add("build", "compile one lab (JIT, as the grader does) and report the time", cmd_build)
     p.add_argument("lab")
     p.add_argument("--impl", default="labs", help=impl_help)
