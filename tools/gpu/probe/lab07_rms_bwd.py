@@ -1,0 +1,374 @@
+"""Lab 07, RMSNorm backward at (8, 4096, 4096) bfloat16: more bytes in flight per SM.
+
+    python3 tools/gpu/probe/lab07_rms_bwd.py [--build-only | --print-cuda]   (JSON: $OUT/lab07-rms-bwd.json)
+
+Why: the lab's backward (solutions/07-fused-normalization/rms_norm.cu, register path: a 256-thread block a row, 16
+elements a thread, 256 blocks of 128 rows, ptxas 80 registers) reaches 84% of copy on an H100, and forward + backward
+1.02x torch.compile of the composition, against issue 13's 1.1x, which needs the backward at ~95% of copy. 512 and
+1024 partial rows (more blocks) did not help (tools/gpu/NOTES.md): per block, each row is load, wait, reduce over
+the block (two barriers), compute, store, with 64 bytes a thread in flight and nothing in flight during the reduction.
+Variants (self-contained; the arithmetic and the reduction order are the lab's, so 256-thread rows give its bits):
+  replica                   the lab's structure (its time, within noise, checks this harness)
+  prefetch                  the next row's grad_y, x and rstd loaded before this row's reduction (96 registers)
+  2rows                     two rows a step, one reduction (float pair) for both: half the barriers, 2x the bytes
+                            in flight (109 registers)
+  2rows+prefetch            both (128 registers)
+  half-block rows           128 threads a row, two row groups a block with named barriers (bar.sync 1 + g, 128),
+                            32 elements a thread: 128 bytes a thread in flight, 4-warp reductions (126 registers)
+  half-block rows+prefetch  both (128 registers, 8 bytes spilled)
+  prefetch, 264 chunks      prefetch with at most 264 partial rows: 263 blocks of 125 rows, one per resident slot at
+                            2 blocks an SM on 132 SMs (256 chunks leave 8 SMs with one block); still a function of
+                            rows alone, so grad_weight stays bitwise reproducible
+Each: grad_x against the lab's output (elements that differ, worst bf16 steps) and, with grad_weight, the grader's
+flash rule (k = 3, float64 autograd of the composition against F.rms_norm's bf16 autograd), at (7, 4096),
+(1000, 4096) and (8, 4096, 4096); then the speed: the backward alone against the lab's, a copy of the same bytes and
+the compiled composition's backward (retain_graph); forward + backward through the lab's autograd.py (lab forward,
+each backward) against torch.compile of the composition forward + backward, as the grader times it.
+Adoption: flash rule passes on every case, grad_x within 1 bf16 step of the lab's (0 differences for 256-thread
+variants at 256 chunks); backward >= 0.95x the copy of the same bytes and forward + backward >= 1.10x compiled in
+the same run (issue 13); grad_weight bitwise equal over repeated calls (checked: 3 calls).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.cpp_extension import load_inline
+
+ROOT = Path(__file__).resolve().parents[3]
+LAB_DIR = ROOT / "solutions" / "07-fused-normalization"
+VARIANTS = (("replica", 0, 256), ("prefetch", 1, 256), ("2rows", 2, 256), ("2rows+prefetch", 3, 256),
+            ("half-block rows", 4, 256), ("half-block rows+prefetch", 5, 256), ("prefetch, 264 chunks", 1, 264))
+EPS = 1e-6
+CUDA = r"""
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+constexpr int kN = 4096, kRowPacks = kN / 8;  // the probe's rows: 4096 bfloat16, 512 packs of 8
+__device__ __forceinline__ void widen8(const uint4& p, float (&f)[8]) {  // exact: a bfloat16 is a float's top half
+  const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint4 narrow8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 b2 = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&b2);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+template <int kRowThreads>
+__device__ __forceinline__ void group_barrier(int group) {  // the kRowThreads threads of one row group
+  if constexpr (kRowThreads == 256) __syncthreads();
+  else asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(kRowThreads) : "memory");
+}
+
+// RMSNorm backward, n = 4096: grad_x = r (w gy) - r^3 mean(w gy x) x, and partials[chunk, :] = the chunk's column sums
+// of gy x r (then a fixed-order finalize, as the lab's). Block b owns the rows of chunk b. kRowThreads threads take a
+// row (256: the block, as the lab's kernel; 128: two row groups a block, each with its own named barrier), kPacks
+// packs of 8 a thread (pack j at column (j kRowThreads + t) 8, the lab's RowSlice order). A step takes kRows rows per
+// group with one reduction for all of them; kPrefetch issues the next step's loads before this step's reduction.
+// Rows stay in registers as raw bfloat16 packs, widened where used (so prefetching costs 16 registers a row, not 32);
+// the weight packs are re-read where used (L1 hits), as the lab's kernel does.
+// The arithmetic, its order and the reduction's (butterfly, then the warps' results in a butterfly) are the lab's, so
+// kRowThreads = 256 gives its bits.
+template <int kRowThreads, int kRows, bool kPrefetch>
+__global__ void __launch_bounds__(256, 2)
+    rms_bwd_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
+                   const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials, int64_t rows,
+                   int64_t rows_per_chunk) {
+  constexpr int kPacks = kRowPacks / kRowThreads, kGroups = 256 / kRowThreads, kWarps = kRowThreads / 32;
+  __shared__ float red[2][kGroups][kWarps][kRows];  // [step parity]: one barrier a step is enough
+  __shared__ float other_sums[kGroups - 1 > 0 ? kGroups - 1 : 1][kPacks * 8][kRowThreads];
+  const int group = threadIdx.x / kRowThreads, t = threadIdx.x % kRowThreads, lane = threadIdx.x % 32;
+  const int64_t start = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = start + rows_per_chunk < rows ? start + rows_per_chunk : rows;
+  const int steps = int((end - start + kGroups * kRows - 1) / (kGroups * kRows));  // the same in every group
+  float sums[kPacks][8] = {};
+  uint4 cg[kRows][kPacks], cx[kRows][kPacks], ng[kRows][kPacks], nx[kRows][kPacks];
+  float cr[kRows], nr[kRows];
+  auto row_of = [&](int step, int k) { return start + (int64_t(step) * kGroups + group) * kRows + k; };
+  auto load = [&](int step, uint4 (&lg)[kRows][kPacks], uint4 (&lx)[kRows][kPacks], float (&lr)[kRows]) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t row = row_of(step, k);
+      if (row >= end) continue;
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) lg[k][j] = gy[row * kRowPacks + j * kRowThreads + t];
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) lx[k][j] = x[row * kRowPacks + j * kRowThreads + t];
+      lr[k] = rstd[row];
+    }
+  };
+  load(0, cg, cx, cr);
+  for (int step = 0; step < steps; ++step) {
+    if constexpr (kPrefetch) {
+      if (step + 1 < steps) load(step + 1, ng, nx, nr);
+    }
+    float dot[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      dot[k] = 0.0f;
+      if (row_of(step, k) >= end) continue;
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        float gf[8], xf[8], wf[8];
+        widen8(cg[k][j], gf), widen8(cx[k][j], xf), widen8(w[j * kRowThreads + t], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          sums[j][e] += gf[e] * xf[e] * cr[k];  // unrounded: grad_weight rounds once, in the finalize
+          dot[k] += gf[e] * wf[e] * xf[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+    }
+    if constexpr (kWarps > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) red[step & 1][group][t / 32][k] = dot[k];
+      }
+      group_barrier<kRowThreads>(group);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        dot[k] = lane < kWarps ? red[step & 1][group][lane][k] : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t row = row_of(step, k);
+      if (row >= end) continue;
+      const float r = cr[k], c = r * r * r * (dot[k] / float(kN));
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        float gf[8], xf[8], wf[8];
+        widen8(cg[k][j], gf), widen8(cx[k][j], xf), widen8(w[j * kRowThreads + t], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) gf[e] = r * (gf[e] * wf[e]) - c * xf[e];
+        gx[row * kRowPacks + j * kRowThreads + t] = narrow8(gf);
+      }
+    }
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        cr[k] = nr[k];
+#pragma unroll
+        for (int j = 0; j < kPacks; ++j) cg[k][j] = ng[k][j], cx[k][j] = nx[k][j];
+      }
+    } else if (step + 1 < steps) {
+      load(step + 1, cg, cx, cr);
+    }
+  }
+  // The chunk's column sums: row group 0 adds the others' (in group order) and writes partials[chunk, :].
+  if constexpr (kGroups > 1) {
+    if (group > 0) {
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) other_sums[group - 1][j * 8 + e][t] = sums[j][e];
+      }
+    }
+    __syncthreads();
+    if (group > 0) return;
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+#pragma unroll
+        for (int q = 0; q < kGroups - 1; ++q) sums[j][e] += other_sums[q][j * 8 + e][t];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    float4* dst = reinterpret_cast<float4*>(partials + int64_t(blockIdx.x) * kN + (j * kRowThreads + t) * 8);
+    dst[0] = make_float4(sums[j][0], sums[j][1], sums[j][2], sums[j][3]);
+    dst[1] = make_float4(sums[j][4], sums[j][5], sums[j][6], sums[j][7]);
+  }
+}
+
+// grad_weight[col] = partials[0..chunks, col] in a fixed order: the lab's finalize (8 row lanes x 32 columns).
+__global__ void __launch_bounds__(256) finalize_kernel(const float* __restrict__ partials, int64_t chunks,
+                                                       __nv_bfloat16* __restrict__ grad_weight) {
+  __shared__ float lane_sums[8][32];
+  const int lane = threadIdx.x % 32, row_lane = threadIdx.x / 32;
+  const int64_t col = int64_t(blockIdx.x) * 32 + lane;
+  float sum = 0.0f;
+#pragma unroll 4
+  for (int64_t k = row_lane; k < chunks; k += 8) sum += partials[k * kN + col];
+  lane_sums[row_lane][lane] = sum;
+  __syncthreads();
+  if (row_lane != 0) return;
+  float total = lane_sums[0][lane];
+#pragma unroll
+  for (int r = 1; r < 8; ++r) total += lane_sums[r][lane];
+  grad_weight[col] = __float2bfloat16_rn(total);
+}
+
+template <int kRowThreads, int kRows, bool kPrefetch>
+static void launch(const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
+                   float* partials, int64_t rows, int64_t rows_per_chunk, int64_t chunks, cudaStream_t s) {
+  rms_bwd_kernel<kRowThreads, kRows, kPrefetch><<<unsigned(chunks), 256, 0, s>>>(
+      static_cast<const uint4*>(gy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
+      static_cast<uint4*>(gx), partials, rows, rows_per_chunk);
+  finalize_kernel<<<kN / 32, 256, 0, s>>>(partials, chunks, static_cast<__nv_bfloat16*>(gw));
+}
+// Variants, in the order of VARIANTS in the script (the chunk count is the caller's).
+void run_backward(int variant, const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
+                  float* partials, int64_t rows, int64_t rows_per_chunk, int64_t chunks, cudaStream_t s) {
+  switch (variant) {
+    case 0: return launch<256, 1, false>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s);
+    case 1: return launch<256, 1, true>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s);
+    case 2: return launch<256, 2, false>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s);
+    case 3: return launch<256, 2, true>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s);
+    case 4: return launch<128, 1, false>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s);
+    default: return launch<128, 1, true>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s);
+  }
+}
+"""
+CPP = r"""
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <vector>
+void run_backward(int, const void*, const void*, const void*, const float*, void*, void*, float*, int64_t, int64_t,
+                  int64_t, cudaStream_t);
+// No numbers in TORCH_CHECK messages (tools/gpu/NOTES.md: an integer written to an ostringstream crashes on the box).
+std::vector<torch::Tensor> bwd(torch::Tensor gy, torch::Tensor x, torch::Tensor w, torch::Tensor rstd,
+                               int64_t variant, int64_t max_chunks) {
+  for (const auto& t : {gy, x, w}) {
+    TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == torch::kBFloat16 &&
+                    reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "contiguous aligned bfloat16 CUDA tensors");
+  }
+  TORCH_CHECK(x.size(-1) == 4096 && w.numel() == 4096 && gy.sizes() == x.sizes(), "rows of 4096, w (4096,)");
+  TORCH_CHECK(rstd.scalar_type() == torch::kFloat && rstd.is_contiguous() && rstd.numel() * 4096 == x.numel(),
+              "rstd: float32, one a row");
+  const int64_t rows = x.numel() / 4096, per_chunk = std::max<int64_t>(1, (rows + max_chunks - 1) / max_chunks);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  auto gx = torch::empty_like(x);
+  auto gw = torch::empty({4096}, x.options());
+  auto partials = torch::empty({chunks, 4096}, x.options().dtype(torch::kFloat));
+  run_backward(int(variant), gy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(), gx.data_ptr(),
+               gw.data_ptr(), partials.data_ptr<float>(), rows, per_chunk, chunks, c10::cuda::getCurrentCUDAStream());
+  return {gx, gw};
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("bwd", &bwd); }
+"""
+if "--print-cuda" in sys.argv:
+    sys.exit(print(CUDA))
+sys.path.insert(0, str(ROOT / "tests"))
+from harness import jit, perf  # noqa: E402
+from harness.check import GradeFailure, assert_flash_rule  # noqa: E402
+
+jit.ensure_arch_list()
+mod = load_inline("lab07_rms_bwd", CPP, cuda_sources=CUDA, extra_cuda_cflags=jit.NVCC_FLAGS)
+lab = jit.load_lab(LAB_DIR, ROOT)
+spec = importlib.util.spec_from_file_location("lab07_autograd", LAB_DIR / "autograd.py")
+autograd = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(autograd)
+if "--build-only" in sys.argv:
+    sys.exit(0)
+BF16 = torch.bfloat16
+out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "speed": []}
+backward = {name: (lambda gy, x, w, r, v=v, c=c: mod.bwd(gy, x, w, r, v, c)) for name, v, c in VARIANTS}
+
+
+def ordinal(t):
+    i = t.contiguous().view(torch.int16).int()
+    return torch.where(i < 0, -(i & 0x7FFF), i)
+
+
+def flash(o, golden, same, case):
+    try:
+        return {"pass": True, "worst": assert_flash_rule(o, golden, same, case=case, k=3.0)}
+    except GradeFailure as error:
+        return {"pass": False, "message": str(error).splitlines()[0][:240]}
+
+
+def composition(x, w):  # the grader's baseline (tests/test_07_fused_normalization.py, compiled_composition)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+
+
+for shape in ((7, 4096), (1000, 4096), (8, 4096, 4096)):
+    x, w, gy = (torch.randn(s, device="cuda").to(BF16) for s in (shape, (4096,), shape))
+    _, rstd = lab.rms_norm(x, w, EPS)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    golden = torch.autograd.grad(x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * w64, (x64, w64),
+                                 gy.double())
+    del x64, w64
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    same = torch.autograd.grad(F.rms_norm(xs, (4096,), ws, EPS), (xs, ws), gy)
+    lab_gx, lab_gw = lab.rms_norm_backward(gy, x, w, rstd)
+    for name, fn in (("lab", lab.rms_norm_backward), *backward.items()):
+        runs = [fn(gy, x, w, rstd) for _ in range(3)]
+        gx, gw = runs[0]
+        steps = (ordinal(gx) - ordinal(lab_gx)).abs()
+        row = {"shape": list(shape), "variant": name, "grad_x": flash(gx, golden[0], same[0], "grad_x"),
+               "grad_weight": flash(gw, golden[1], same[1], "grad_weight"),
+               "grad_x_vs_lab": [int((steps > 0).sum()), int(steps.max())],
+               "grad_weight_max_rel_vs_lab": ((gw - lab_gw).float().abs().max() / lab_gw.float().abs().max()).item(),
+               "grad_weight_reproducible": all(torch.equal(r[1], gw) for r in runs)}
+        out["checks"].append(row)
+        print(f"  {str(shape):<16} {name:<26} flash grad_x {'pass' if row['grad_x']['pass'] else 'FAIL'}, grad_weight "
+              f"{'pass' if row['grad_weight']['pass'] else 'FAIL'}; grad_x vs lab (differ, worst steps) "
+              f"{row['grad_x_vs_lab']}; grad_weight vs lab {row['grad_weight_max_rel_vs_lab']:.1e}; reproducible "
+              f"{row['grad_weight_reproducible']}", flush=True)
+        for part in ("grad_x", "grad_weight"):
+            if not row[part]["pass"]:
+                print("    " + row[part]["message"])
+    del golden, same
+
+copy = perf.copy_bandwidth()
+out["copy_gbps"] = round(copy, 1)
+x, w, gy = (torch.randn(s, device="cuda").to(BF16) for s in ((8, 4096, 4096), (4096,), (8, 4096, 4096)))
+_, rstd = lab.rms_norm(x, w, EPS)
+fn = torch.compile(composition, dynamic=False)
+xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+yc = fn(xc, wc)
+torch.autograd.grad(fn(xc, wc), (xc, wc), gy)  # compile forward and backward before any timing
+xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+src = torch.empty(x.numel() * 3 // 2, dtype=BF16, device="cuda")
+dst = torch.empty_like(src)
+moved = 3 * x.numel() * 2 + 2 * 4096 * 2
+
+
+def through_autograd(bwd):
+    ops = type("Ops", (), {"rms_norm": staticmethod(lab.rms_norm), "rms_norm_backward": staticmethod(bwd)})
+    return lambda: torch.autograd.grad(autograd.rms_norm(xs, ws, EPS, ops=ops), (xs, ws), gy)
+
+
+print(f"speed at (8, 4096, 4096) bfloat16; copy {copy:.0f} GB/s (1 GiB)")
+for kind, fns in (
+        ("backward", {"copy (same bytes)": lambda: dst.copy_(src), "lab": lambda: lab.rms_norm_backward(gy, x, w, rstd),
+                      **{n: (lambda f=f: f(gy, x, w, rstd)) for n, f in backward.items()},
+                      "compiled backward": lambda: torch.autograd.grad(yc, (xc, wc), gy, retain_graph=True)}),
+        ("forward+backward", {"compiled": lambda: torch.autograd.grad(fn(xc, wc), (xc, wc), gy),
+                              "lab": through_autograd(lab.rms_norm_backward),
+                              **{n: through_autograd(f) for n, f in backward.items()}})):
+    ms = jit.interleaved_median_ms(list(fns.values()), warmup=5, reps=30)
+    for name, m in zip(fns, ms):
+        row = {"kind": kind, "variant": name, "ms": round(m, 4), "ratio": round(ms[0] / m, 3)}
+        if kind == "backward":
+            row["pct_of_copy"] = round(100 * moved / (m * 1e-3) / 1e9 / copy, 1)
+        out["speed"].append(row)
+        against = "the copy" if kind == "backward" else "compiled"
+        print(f"  {kind:<16} {name:<26} {m:8.4f} ms  {row['ratio']:5.3f}x {against}"
+              + (f"  {row['pct_of_copy']:5.1f}% of copy" if kind == "backward" else ""), flush=True)
+Path(os.environ.get("OUT", "build")).mkdir(parents=True, exist_ok=True)
+Path(os.environ.get("OUT", "build"), "lab07-rms-bwd.json").write_text(json.dumps(out, indent=1))
