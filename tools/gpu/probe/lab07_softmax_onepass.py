@@ -348,9 +348,16 @@ bwd_variants = [(v, n) for v, n in enumerate(BWD) if clusters]
 out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "resident": {}, "errors": [],
              "speed": []}
 print(f"{out['device']}; clusters {'yes' if clusters else 'no (sm_90 needed): (b) variants skipped'}")
+one_row = torch.randn(1, CAPACITY, device="cuda")
 for kind, variants in (("forward", fwd_variants), ("backward", bwd_variants)):
-    for v, name in variants:
-        out["resident"][f"{kind} {name}"] = mod.resident(kind == "backward", v)
+    for v, name in list(variants):  # a variant that cannot launch here is dropped, with its error, not the probe
+        try:
+            out["resident"][f"{kind} {name}"] = mod.resident(kind == "backward", v)
+            mod.fwd(one_row, v) if kind == "forward" else mod.bwd(one_row, one_row, v)
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            out["resident"][f"{kind} {name}"] = f"dropped: {str(error).splitlines()[0][:160]}"
+            variants.remove((v, name))
 print("resident at once (clusters, or CTAs for (a)):", out["resident"])
 
 
