@@ -201,10 +201,21 @@ class FakeProbe(doctor.Probe):
         if self.broken.get("no_torch"):
             return {}
         return {"torch": "2.11.0+cu130", "cuda": "13.0", "gpu": None if self.broken.get("no_gpu") else "NVIDIA H100",
-                "cc": None if self.broken.get("no_gpu") else "9.0"}
+                "cc": None if self.broken.get("no_gpu") else "9.0", "arch_error": self.broken.get("arch_error"),
+                "cuda_home": None if self.broken.get("no_cuda_home") else
+                self.broken.get("cuda_home", "/usr/local/cuda")}
 
     def build_locks(self, build):
         return [build / "jit" / "labs" / "00-first-kernel" / "lock"] if self.broken.get("lock") else []
+
+    def environ(self, name):
+        return self.broken.get("environ", {}).get(name)
+
+    def is_file(self, path):
+        return path == "/usr/local/cuda/bin/nvcc"
+
+    def memory(self):
+        return 16, self.broken.get("memory_gib", 120.0)
 
 
 def _doctor(**broken) -> dict:
@@ -225,11 +236,27 @@ def test_doctor_all_good():
     ({"free_gb": 1.0}, "disk", "rm -rf build/"),
     ({"lock": True}, "build locks", "rm "),
     ({"no_torch": True}, "torch", "./course test once"),
+    # The texts each FIX quotes were reproduced on a CPU machine with torch 2.11.0+cu130 (lessons/troubleshooting.md).
+    ({"no_cuda_home": True}, "CUDA_HOME", "CUDA_HOME environment variable is not set"),
+    ({"cuda_home": "/opt/cuda-gone"}, "CUDA_HOME", "/bin/sh: 1: /opt/cuda-gone/bin/nvcc: not found"),
+    ({"environ": {"TORCH_CUDA_ARCH_LIST": "sm_90a"},
+      "arch_error": "ValueError: Unknown CUDA arch (sm_90a) or GPU not supported"}, "TORCH_CUDA_ARCH_LIST",
+     "Unknown CUDA arch (sm_90a)"),
+    ({"environ": {"TORCH_CUDA_ARCH_LIST": "8.0"}}, "TORCH_CUDA_ARCH_LIST", "no kernel image is available"),
+    ({"environ": {"TORCH_CUDA_ARCH_LIST": "9.0"}}, "TORCH_CUDA_ARCH_LIST", "set it to 9.0a"),
+    ({"memory_gib": 4.0}, "compile memory", "export MAX_JOBS=2"),
+    ({"memory_gib": 4.0, "environ": {"MAX_JOBS": "8"}}, "compile memory", "(MAX_JOBS=8)"),
 ])
 def test_doctor_explains_each_failure(broken, check, fix):
     results = _doctor(**broken)
     ok, detail = results[check]
     assert not ok and fix in detail, f"{check}: {detail}"
+
+
+def test_doctor_accepts_a_good_arch_list_and_enough_memory():
+    results = _doctor(environ={"TORCH_CUDA_ARCH_LIST": "8.0;9.0a+PTX", "MAX_JOBS": "2"}, memory_gib=4.0)
+    assert results["TORCH_CUDA_ARCH_LIST"][0] and results["compile memory"][0]
+    assert "TORCH_CUDA_ARCH_LIST" not in _doctor()  # unset: the grader sets it, nothing to check
 
 
 # ---------------------------------------------------------------- the quick compute-sanitizer pass of `grade`

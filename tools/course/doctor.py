@@ -1,6 +1,7 @@
 """./course doctor: check the toolchain and say exactly how to fix what is wrong."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -8,6 +9,11 @@ import sys
 from pathlib import Path
 
 MIN_FREE_GB = 5
+# Peak memory of one compile job of a lab build, measured with /usr/bin/time -v on a 2-core machine (2026-11-24):
+# g++ on lab 05's wrapper.cpp (course/torch_op.h) 0.8 GB; g++ on a file including <torch/extension.h> 1.5 GB;
+# nvcc on linear_act.cu 0.2 GB. The largest lab compiles 6 files, so at most 6 jobs run at once.
+GIB_PER_COMPILE = 1.5
+MAX_LAB_SOURCES = 6
 
 
 class Probe:
@@ -36,12 +42,31 @@ class Probe:
     def build_locks(self, build: Path) -> list[Path]:
         return sorted((build / "jit").glob("*/*/lock")) if (build / "jit").exists() else []
 
+    def environ(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def is_file(self, path: str) -> bool:
+        return Path(path).is_file()
+
+    def memory(self) -> tuple[int, float | None]:
+        """The cores this process may use and the GiB of memory free to it (None if unknown)."""
+        sys.path.insert(0, str(Path(__file__).parent))
+        import runner
+
+        return runner.usable_cores(), runner.available_memory_gib()
+
 
 def torch_facts(probe: Probe, python: str) -> dict:
-    code = ("import json, torch; from torch.utils import cpp_extension as c; d = torch.cuda.is_available();"
+    # arch_error: what load() would raise for this TORCH_CUDA_ARCH_LIST, in torch's own words (it parses the
+    # variable in _get_cuda_arch_flags; asked only when the variable is set: unset, the grader sets it).
+    code = ("import json, os, torch; from torch.utils import cpp_extension as c; d = torch.cuda.is_available()\n"
+            "arch_error = None\n"
+            "if os.environ.get('TORCH_CUDA_ARCH_LIST'):\n"
+            "    try: c._get_cuda_arch_flags()\n"
+            "    except Exception as e: arch_error = f'{type(e).__name__}: {e}'\n"
             "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'cuda_home': c.CUDA_HOME,"
             "'gpu': torch.cuda.get_device_name() if d else None,"
-            "'cc': '%d.%d' % torch.cuda.get_device_capability() if d else None}))")
+            "'cc': '%d.%d' % torch.cuda.get_device_capability() if d else None, 'arch_error': arch_error}))")
     out = probe.run([python, "-c", code]).strip().splitlines()
     import json
 
@@ -69,6 +94,11 @@ def checks(root: Path, trees, env, probe: Probe | None = None) -> list[tuple[str
                         f"nvcc is CUDA {nvcc_version} but torch was built with {facts['cuda']}: extensions may fail to "
                         f"link or load; install CUDA {facts['cuda'].split('.')[0]}.x "
                         f"or a torch built for {nvcc_version}"))
+    if facts:
+        results.append(cuda_home_check(facts, probe))
+    arch_list = probe.environ("TORCH_CUDA_ARCH_LIST")
+    if facts and arch_list:
+        results.append(arch_list_check(arch_list, facts))
     ninja = probe.which("ninja")
     results.append(("ninja", bool(ninja), ninja or "not found: pip install ninja (load() needs it)"))
     compiler = probe.which("c++") or probe.which("g++")
@@ -82,6 +112,7 @@ def checks(root: Path, trees, env, probe: Probe | None = None) -> list[tuple[str
         else:
             results.append(("GPU", False, "no CUDA GPU visible: labs build and CPU checks run, GPU tests are skipped "
                             "(check nvidia-smi; on Colab pick a GPU runtime)"))
+    results.append(compile_memory_check(probe))
     free_gb = probe.free_gb(root)
     results.append(("disk", free_gb >= MIN_FREE_GB, f"{free_gb:.0f} GB free" + (
         "" if free_gb >= MIN_FREE_GB else f": builds need space; delete {trees.BUILD} (rm -rf build/) to reclaim it")))
@@ -90,6 +121,62 @@ def checks(root: Path, trees, env, probe: Probe | None = None) -> list[tuple[str
                     "stale lock left by a killed compile (later builds wait on it forever); remove it with: rm " +
                     " ".join(str(p) for p in locks)))
     return results
+
+
+def cuda_home_check(facts: dict, probe: Probe) -> tuple[str, bool, str]:
+    """The toolkit torch's load() compiles with: CUDA_HOME (or CUDA_PATH), else nvcc's folder, else /usr/local/cuda."""
+    home = facts.get("cuda_home")
+    if not home:
+        return ("CUDA_HOME", False, "torch finds no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH, no "
+                "/usr/local/cuda): builds fail with 'OSError: CUDA_HOME environment variable is not set'; "
+                "export CUDA_HOME=/path/to/cuda (the folder whose bin/ holds nvcc)")
+    nvcc = f"{home}/bin/nvcc"
+    if not probe.is_file(nvcc):
+        return ("CUDA_HOME", False, f"torch compiles with {nvcc}, which does not exist: builds fail with "
+                f"'/bin/sh: 1: {nvcc}: not found'; point CUDA_HOME at the toolkit (the folder whose bin/ holds nvcc) "
+                "or unset it")
+    return ("CUDA_HOME", True, f"{home} (torch's load() compiles with {nvcc})")
+
+
+def arch_list_check(arch_list: str, facts: dict) -> tuple[str, bool, str]:
+    """TORCH_CUDA_ARCH_LIST as torch reads it, and whether it names the GPU at hand (the grader sets it to the GPU
+    itself when it is unset; a value left in the shell overrides that)."""
+    if facts.get("arch_error"):
+        return ("TORCH_CUDA_ARCH_LIST", False, f"TORCH_CUDA_ARCH_LIST={arch_list!r}: torch refuses it "
+                f"({facts['arch_error']}); write versions as major.minor (9.0a, 8.0, 7.5; a for Hopper's wgmma), "
+                "not sm_90a or 90, or unset it: the grader sets it to this GPU")
+    cc = facts.get("cc")
+    entries = {entry.split("+")[0] for entry in re.split(r"[ ;]", arch_list) if entry}
+    if cc and not entries & {cc, f"{cc}a"}:
+        return ("TORCH_CUDA_ARCH_LIST", False, f"TORCH_CUDA_ARCH_LIST={arch_list!r} does not name this GPU "
+                f"(compute capability {cc}): kernels fail with 'no kernel image is available for execution on the "
+                f"device'; set it to {'9.0a' if cc == '9.0' else cc} or unset it")
+    if cc == "9.0" and "9.0a" not in entries:
+        return ("TORCH_CUDA_ARCH_LIST", False, f"TORCH_CUDA_ARCH_LIST={arch_list!r} builds sm_90 without the a: lab "
+                "05's wgmma path refuses to run ('needs a Hopper GPU (compute capability 9.0) and a build for "
+                "sm_90a'); set it to 9.0a or unset it")
+    return ("TORCH_CUDA_ARCH_LIST", True, f"{arch_list} (set in the environment: the grader keeps it)")
+
+
+def compile_memory_check(probe: Probe) -> tuple[str, bool, str]:
+    """Enough memory for the compile jobs ninja runs at once: MAX_JOBS, else ninja's default (cores + 2), at most
+    the largest lab's file count. Too little and the kernel's OOM killer ends a compiler: 'c++: fatal error:
+    Killed signal terminated program cc1plus'."""
+    cores, free = probe.memory()
+    max_jobs = probe.environ("MAX_JOBS")
+    jobs = int(max_jobs) if max_jobs and max_jobs.isdigit() else cores + 2
+    parallel = max(1, min(jobs, MAX_LAB_SOURCES))
+    need = parallel * GIB_PER_COMPILE
+    rule = f"MAX_JOBS={max_jobs}" if max_jobs else f"ninja's default, {cores} cores + 2"
+    if free is None:
+        return ("compile memory", True, f"free memory unknown; up to {parallel} compile jobs at once ({rule})")
+    if free >= need:
+        return ("compile memory", True, f"{free:.0f} GiB free for up to {parallel} compile jobs at once ({rule}), "
+                f"about {GIB_PER_COMPILE} GiB each")
+    fits = max(1, int(free // GIB_PER_COMPILE))
+    return ("compile memory", False, f"{free:.1f} GiB free, and a lab build runs up to {parallel} compile jobs at "
+            f"once ({rule}) of about {GIB_PER_COMPILE} GiB each: a compiler may be killed ('Killed signal "
+            f"terminated program cc1plus'); export MAX_JOBS={fits}")
 
 
 def main(root: Path, trees, env, remove_locks: bool = False) -> int:
