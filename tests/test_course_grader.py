@@ -208,6 +208,10 @@ class FakeProbe(doctor.Probe):
     def build_locks(self, build):
         return [build / "jit" / "labs" / "00-first-kernel" / "lock"] if self.broken.get("lock") else []
 
+    def module_declarations(self, tree):
+        name = self.broken.get("module_name", "TORCH_EXTENSION_NAME")
+        return [(tree / "00-first-kernel" / "wrapper.cpp", 35, name)]
+
     def environ(self, name):
         return self.broken.get("environ", {}).get(name)
 
@@ -245,6 +249,7 @@ def test_doctor_all_good():
     ({"environ": {"TORCH_CUDA_ARCH_LIST": "8.0"}}, "TORCH_CUDA_ARCH_LIST", "no kernel image is available"),
     ({"environ": {"TORCH_CUDA_ARCH_LIST": "9.0"}}, "TORCH_CUDA_ARCH_LIST", "set it to 9.0a"),
     ({"memory_gib": 4.0}, "compile memory", "export MAX_JOBS=2"),
+    ({"module_name": "lab00"}, "module names", "labs/00-first-kernel/wrapper.cpp:35 names the module lab00"),
     ({"memory_gib": 4.0, "environ": {"MAX_JOBS": "8"}}, "compile memory", "(MAX_JOBS=8)"),
 ])
 def test_doctor_explains_each_failure(broken, check, fix):

@@ -40,7 +40,18 @@ class Probe:
         return torch_facts(self, env.python_for("test"))
 
     def build_locks(self, build: Path) -> list[Path]:
-        return sorted((build / "jit").glob("*/*/lock")) if (build / "jit").exists() else []
+        """load()'s lock files: the grader's builds (build/jit/TREE/LAB) and the notebooks' (build/notebook/...)."""
+        return sorted(lock for kind in ("jit", "notebook") for lock in (build / kind).glob("*/*/lock"))
+
+    def module_declarations(self, tree: Path) -> list[tuple[Path, int, str]]:
+        """Each PYBIND11_MODULE(NAME, ...) in a lab's C++ files: (file, line, NAME)."""
+        found = []
+        for path in sorted(tree.glob("*/*.cpp")):
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                match = re.match(r"\s*PYBIND11_MODULE\s*\(\s*(\w+)", line)
+                if match:
+                    found.append((path, number, match.group(1)))
+        return found
 
     def environ(self, name: str) -> str | None:
         return os.environ.get(name)
@@ -116,6 +127,14 @@ def checks(root: Path, trees, env, probe: Probe | None = None) -> list[tuple[str
     free_gb = probe.free_gb(root)
     results.append(("disk", free_gb >= MIN_FREE_GB, f"{free_gb:.0f} GB free" + (
         "" if free_gb >= MIN_FREE_GB else f": builds need space; delete {trees.BUILD} (rm -rf build/) to reclaim it")))
+    wrong = [(path, line, name) for path, line, name in probe.module_declarations(trees.LABS)
+             if name != "TORCH_EXTENSION_NAME"]
+    where = "; ".join(f"{path.relative_to(root) if path.is_relative_to(root) else path}:{line} names the module "
+                      f"{name}" for path, line, name in wrong[:3])
+    results.append(("module names", not wrong, "every PYBIND11_MODULE in labs/ is named TORCH_EXTENSION_NAME"
+                    if not wrong else f"{where}: the build names the module after the lab, so the import fails with "
+                    "'dynamic module does not define module export function (PyInit_...)'; write "
+                    "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)"))
     locks = probe.build_locks(trees.BUILD)
     results.append(("build locks", not locks, "none" if not locks else
                     "stale lock left by a killed compile (later builds wait on it forever); remove it with: rm " +
