@@ -128,4 +128,24 @@ __device__ inline uint32_t pack_pair<__nv_bfloat16>(float first, float second) {
 }
 // --8<-- [end:pack]
 
+// Round two fp32 values to the output type and store them as one 4-byte word (an accumulator pair).
+__device__ inline void store_pair(__half* out, float first, float second) {
+  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(first, second);
+}
+__device__ inline void store_pair(__nv_bfloat16* out, float first, float second) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
+}
+
+// exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential, so a softmax folds log2(e) into its scale.
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x by the SFU's ex2.approx (relative error ~2^-22; -inf -> +0), what exp2f becomes under
+// --use_fast_math (FlashAttention's build flag). The course builds without it, and exp2f's accurate
+// path adds a range check and two multiplies to every exponential of an attention tile.
+__device__ inline float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace course

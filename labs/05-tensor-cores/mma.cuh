@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash fcc4a4da1a09].
+// Lab skeleton generated from solutions/05-tensor-cores/mma.cuh by `./course labs` [lab-hash 31062382e9ce].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's tensor-core building blocks: the fragment layout of mma.m16n8k16 and the shared-memory
@@ -27,6 +27,7 @@ using course::kMmaN;
 using course::kWarpSize;
 using course::ldmatrix_x4;
 using course::mma_16816;
+using course::store_pair;
 using course::wait_copies;
 static_assert(kElementsPerChunk == kShapeMultiple, "the shape contract is one 16-byte chunk");
 
@@ -106,14 +107,6 @@ __host__ __device__ inline TileIndex grouped_tile(int64_t index, int64_t tiles_m
 // ---------------------------------------------------------------- element conversions and activations
 __device__ inline float to_float(__half v) { return __half2float(v); }
 __device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-// Round two fp32 values to the output type and store them as one 4-byte word.
-__device__ inline void store_pair(__half* out, float first, float second) {
-  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(first, second);
-}
-__device__ inline void store_pair(__nv_bfloat16* out, float first, float second) {
-  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
-}
 
 // --8<-- [start:activation]
 // GELU, tanh approximation (torch.nn.functional.gelu(approximate="tanh")):

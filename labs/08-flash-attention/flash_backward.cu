@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward.cu by `./course labs` [lab-hash 408de330479a].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward.cu by `./course labs` [lab-hash 542bc531812d].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, rung 4: the backward of attention on tensor cores (FlashAttention-2's algorithm), float16
@@ -31,15 +31,21 @@
 #include <string>
 
 #include "attention.h"
+#include "smem_tiles.cuh"
 
 // A namespace of this file's own: flash_forward.cu may define helpers of the same names (one program).
 namespace flash_backward_impl {
 
+using attention_tiles::byte_at;
+using attention_tiles::LaneOffsets;
+using attention_tiles::swizzled;
 using course::commit_copies;
 using course::copy_chunk_async;
+using course::exp2_approx;
 using course::from_compute;
 using course::kElementsPerChunk;
 using course::kFullWarpMask;
+using course::kLog2e;
 using course::kMmaK;
 using course::kMmaM;
 using course::kMmaN;
@@ -48,10 +54,9 @@ using course::ldmatrix_x4;
 using course::ldmatrix_x4_trans;
 using course::mma_16816;
 using course::pack_pair;
+using course::store_pair;
 using course::to_compute;
 using course::wait_copies;
-
-constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential
 
 // --8<-- [start:backward_tiles]
 // The work split. One block per (key block j, batch, kv head): K_j and V_j are loaded once and stay
@@ -181,44 +186,7 @@ constexpr bool a_source_is_b_trans_source() {
 }
 static_assert(a_source_is_b_trans_source(), "one set of lane offsets serves both");
 
-// Lab 05's XOR swizzle, for rows of 8 or 16 chunks (64 or 128 two-byte elements): chunk c of row r
-// is stored at chunk c ^ (r % 8) of that row. Every ldmatrix 8x8 matrix here (plain or .trans)
-// reads one chunk column of 8 consecutive rows; r % 8 takes 8 different values on them, so the 8
-// chunks land in 8 different 16-byte bank groups (the low 3 bits of the chunk pick the group).
-template <int kChunksPerRow>
-__host__ __device__ constexpr int swizzled(int row, int chunk) {
-  static_assert(kChunksPerRow % 8 == 0, "the XOR must stay inside the row");
-  return row * kChunksPerRow + (chunk ^ (row % 8));
-}
-
-// A lane's ldmatrix addresses in a swizzled tile, computed once per block. Every read below starts
-// its 8x8 matrices at a tile row row0 that is a multiple of 8 plus the lane's own row, so the XOR
-// takes the lane's row % 8 whatever row0 is; and at an even chunk chunk0 plus the lane's chunk bit,
-// whose XOR touches only the low 3 bits. So (row0 + lane_row, chunk0 + lane_chunk) is at byte
-//   bytes[(chunk0 % 8) / 2] + 16 (row0 kChunksPerRow + 8 (chunk0 / 8))
-// with bytes[e] the offset of (lane_row, lane_chunk + 2e): four registers, and each read of an unrolled
-// loop is one of them plus an immediate (ldmatrix [reg + imm]). Computed in the loop instead, the
-// compiler hoists every distinct address out of it: ~70 registers, and the kernel spilled.
-// lane_chunk may carry an even per-warp chunk offset as well (bit 0 is the lane's).
-template <int kChunksPerRow>
-struct LaneOffsets {
-  uint32_t bytes[4];
-  __host__ __device__ LaneOffsets(int lane_row, int lane_chunk) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      bytes[e] = static_cast<uint32_t>(swizzled<kChunksPerRow>(lane_row, lane_chunk + 2 * e) * course::kChunkBytes);
-    }
-  }
-  // row0 % 8 == 0, chunk0 % 2 == 0: compile-time constants once the loops are unrolled.
-  __host__ __device__ uint32_t at(int row0, int chunk0) const {
-    return bytes[chunk0 % 8 / 2] + static_cast<uint32_t>((row0 * kChunksPerRow + chunk0 / 8 * 8) * course::kChunkBytes);
-  }
-};
-
-// A byte offset into a shared-memory tile, as the pointer the PTX wrappers take.
-__device__ inline const void* byte_at(const uint4* tile, uint32_t bytes) {
-  return reinterpret_cast<const char*>(tile) + bytes;
-}
+// The swizzle, the lanes' ldmatrix offsets and byte_at: smem_tiles.cuh (shared with the forward).
 
 // Copy rows [first_row, first_row + kRows) of a (seqlen, ..., D) view (row r at rows + r * row_stride)
 // into a swizzled tile; rows past row_count are zero-filled. kChunks consecutive threads copy one
@@ -249,24 +217,9 @@ __device__ inline void copy_float_async(float* destination, const float* source,
 #endif
 }
 
-__device__ inline void store_pair(__half* out, float first, float second) {
-  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(first, second);
-}
-__device__ inline void store_pair(__nv_bfloat16* out, float first, float second) {
-  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
-}
-
 // Whether key kr of the block is seen by query qr of the tile (both relative): see `diagonal` in the loop.
 __device__ inline bool visible_in_tile(int kr, int qr, int key_end, int query_end, int diagonal) {
   return kr < key_end && qr < query_end && kr - qr <= diagonal;
-}
-
-// 2^x by the SFU's ex2.approx (relative error ~2^-22; -inf -> 0), as FlashAttention does with
-// --use_fast_math: exp2f's accurate path adds range checks and rescaling to each of the 64 a step.
-__device__ inline float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // L * log2(e), the subtrahend of P = exp2(s log2(e) S - L log2(e)). A row that sees no key has

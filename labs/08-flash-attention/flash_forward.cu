@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_forward.cu by `./course labs` [lab-hash 2948e3e24563].
+// Lab skeleton generated from solutions/08-flash-attention/flash_forward.cu by `./course labs` [lab-hash 1254beb5234c].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, rung 3: flash attention forward on tensor cores, float16 and bfloat16, head_dim 64 or 128,
@@ -27,15 +27,21 @@
 #include <string>
 
 #include "attention.h"
+#include "smem_tiles.cuh"
 
 // A namespace of this file's own: the other rungs' files define helpers of the same names (one program).
 namespace flash_forward_impl {
 
+using attention_tiles::byte_at;
+using attention_tiles::LaneOffsets;
+using attention_tiles::swizzled;
 using course::commit_copies;
 using course::copy_chunk_async;
+using course::exp2_approx;
 using course::kChunkBytes;
 using course::kElementsPerChunk;
 using course::kFullWarpMask;
+using course::kLog2e;
 using course::kMmaK;
 using course::kMmaM;
 using course::kMmaN;
@@ -44,9 +50,8 @@ using course::ldmatrix_x4;
 using course::ldmatrix_x4_trans;
 using course::mma_16816;
 using course::pack_pair;
+using course::store_pair;
 using course::wait_copies;
-
-constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential
 
 // --8<-- [start:tiles]
 // The work split (FlashAttention-2): a block owns Br = kBlockM query rows of one (batch, head) and
@@ -148,43 +153,7 @@ static_assert(Tiles<64>::kMaxRegisters == 168 && Tiles<128>::kMaxRegisters == 25
 // --8<-- [end:tiles]
 
 // ---------------------------------------------------------------- shared-memory layout and fragments
-// --8<-- [start:swizzle]
-// Shared memory has 32 four-byte banks: 128 bytes (8 chunks) span them once, so the bank group of a
-// 16-byte chunk is its chunk offset mod 8. Every ldmatrix 8x8 matrix below (plain or .trans) reads
-// one chunk column c of 8 consecutive tile rows r0 .. r0 + 7 (r0 a multiple of 8) in one pass. Rows
-// are 8 or 16 chunks, a multiple of 8, so unswizzled every row starts in group 0 and those 8 chunks
-// all fall in group c % 8: an 8-way conflict. Stored at chunk c ^ (r % 8) of its row instead, the
-// chunk falls in group (c % 8) ^ (r % 8), which takes 8 different values on the 8 rows: no conflict.
-// The XOR touches the low 3 bits only, so a chunk stays in its row (a cp.async of one chunk is still
-// one 16-byte store), and the kChunks consecutive threads that copy one row store to a permutation
-// of it: 8 consecutive chunks, 8 groups, no conflict there either.
-template <int kChunks>
-__host__ __device__ constexpr int swizzled(int row, int chunk) {
-  static_assert(kChunks % 8 == 0, "the XOR must stay inside the row");
-  return row * kChunks + (chunk ^ (row % 8));
-}
-
-// A lane's ldmatrix addresses in a swizzled tile, computed once per thread. Every read below starts
-// its matrices at a tile row row0 that is a multiple of 8 plus the lane's own row (< 16), so the XOR
-// takes the lane's row % 8 whatever row0 is; and at an even chunk chunk0 plus the lane's chunk bit
-// (0 or 1), whose XOR touches only the low 3 bits. So (row0 + lane_row, chunk0 + lane_chunk) is at byte
-//   bytes[(chunk0 % 8) / 2] + 16 (row0 kChunks + 8 (chunk0 / 8))
-// with bytes[e] the offset of (lane_row, lane_chunk + 2e): four registers, and each read of an unrolled
-// loop is one of them plus a constant (ldmatrix [reg + imm]).
-template <int kChunks>
-struct LaneOffsets {
-  uint32_t bytes[4];
-  __host__ __device__ LaneOffsets(int lane_row, int lane_chunk) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      bytes[e] = static_cast<uint32_t>(swizzled<kChunks>(lane_row, lane_chunk + 2 * e) * kChunkBytes);
-  }
-  // row0 % 8 == 0, chunk0 % 2 == 0.
-  __host__ __device__ uint32_t at(int row0, int chunk0) const {
-    return bytes[chunk0 % 8 / 2] + static_cast<uint32_t>((row0 * kChunks + chunk0 / 8 * 8) * kChunkBytes);
-  }
-};
-// --8<-- [end:swizzle]
+// The swizzle and the lanes' ldmatrix offsets: smem_tiles.cuh (shared with the backward).
 
 // Lesson 05's fragment layout, as (row, first column) pairs of the tile each lane addresses for
 // ldmatrix.x4 (lanes 8i .. 8i + 7 give the 8 row addresses of matrix i, which lands in register i):
@@ -199,11 +168,6 @@ __host__ __device__ constexpr int a_lane_row(int lane) { return lane % 16; }
 __host__ __device__ constexpr int a_lane_chunk(int lane) { return lane / 16; }
 __host__ __device__ constexpr int b_lane_row(int lane) { return lane % 8 + 8 * (lane / 16); }
 __host__ __device__ constexpr int b_lane_chunk(int lane) { return lane / 8 % 2; }
-
-// A byte offset into a shared-memory tile, as the pointer the PTX wrappers take.
-__device__ __forceinline__ const void* byte_at(const uint4* tile, uint32_t bytes) {
-  return reinterpret_cast<const char*>(tile) + bytes;
-}
 
 // A thread's part in copying tiles of one head's rows of q, k or v (row r at head + r * row_stride, head_dim
 // contiguous) into swizzled shared tiles: kChunks consecutive threads copy one row (128- or 256-byte
@@ -252,22 +216,6 @@ struct TileLoader {
     }
   }
 };
-
-// 2^x by the SFU's ex2.approx (relative error ~2^-22; -inf -> +0), what exp2f becomes under
-// --use_fast_math, FlashAttention's build flag: the course builds without it, and exp2f's accurate
-// path adds a range check and two multiplies to each of the 16 Bc exponentials of a warp's block.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ void store_pair(__half* out, float first, float second) {
-  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(first, second);
-}
-__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float first, float second) {
-  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(first, second);
-}
 
 // ---------------------------------------------------------------- masks and causal block skipping
 // --8<-- [start:masking]

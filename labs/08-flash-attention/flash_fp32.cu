@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_fp32.cu by `./course labs` [lab-hash ac3367571eed].
+// Lab skeleton generated from solutions/08-flash-attention/flash_fp32.cu by `./course labs` [lab-hash 46db99cde22a].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, rung 2: flash attention forward in float32 on the CUDA cores. The naive rung's three
@@ -13,6 +13,7 @@
 // never loaded; the diagonal and tail blocks are masked per element. A row with no visible key
 // gives o = 0 and L = -inf. float32 only, head_dim 64 or 128, any GPU of the course (sm_75+).
 #include <course/cuda.cuh>
+#include <course/mma.cuh>
 
 #include <algorithm>
 #include <cmath>
@@ -27,7 +28,7 @@ namespace {  // internal linkage: the other rungs' files may define helpers of t
 using course::kFullWarpMask;
 using course::kWarpSize;
 
-constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential
+using course::kLog2e;  // exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential
 
 // --8<-- [start:fp32_tiles]
 // The block: 4 warps = 128 threads. A query row belongs to kRowLanes = 8 neighbouring lanes of one

@@ -10,6 +10,7 @@
 // never loaded; the diagonal and tail blocks are masked per element. A row with no visible key
 // gives o = 0 and L = -inf. float32 only, head_dim 64 or 128, any GPU of the course (sm_75+).
 #include <course/cuda.cuh>
+#include <course/mma.cuh>
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +25,7 @@ namespace {  // internal linkage: the other rungs' files may define helpers of t
 using course::kFullWarpMask;
 using course::kWarpSize;
 
-constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential
+using course::kLog2e;  // exp(x) = exp2(x log2(e)): ex2 is the hardware's exponential
 
 // --8<-- [start:fp32_tiles]
 // The block: 4 warps = 128 threads. A query row belongs to kRowLanes = 8 neighbouring lanes of one
