@@ -178,15 +178,15 @@ def arch_list_check(arch_list: str, facts: dict) -> tuple[str, bool, str]:
 
 
 def compile_memory_check(probe: Probe) -> tuple[str, bool, str]:
-    """Enough memory for the compile jobs ninja runs at once: MAX_JOBS, else ninja's default (cores + 2), at most
-    the largest lab's file count. Too little and the kernel's OOM killer ends a compiler: 'c++: fatal error:
-    Killed signal terminated program cc1plus'."""
+    """Enough memory for the compile jobs ninja runs at once: MAX_JOBS, else ninja's default (its GuessParallelism:
+    2 on one core, 3 on two, cores + 2 beyond), at most the largest lab's file count. Too little and the kernel's
+    OOM killer ends a compiler: 'c++: fatal error: Killed signal terminated program cc1plus'."""
     cores, free = probe.memory()
     max_jobs = probe.environ("MAX_JOBS")
-    jobs = int(max_jobs) if max_jobs and max_jobs.isdigit() else cores + 2
+    jobs = int(max_jobs) if max_jobs and max_jobs.isdigit() else {0: 2, 1: 2, 2: 3}.get(cores, cores + 2)
     parallel = max(1, min(jobs, MAX_LAB_SOURCES))
     need = parallel * GIB_PER_COMPILE
-    rule = f"MAX_JOBS={max_jobs}" if max_jobs else f"ninja's default, {cores} cores + 2"
+    rule = f"MAX_JOBS={max_jobs}" if max_jobs else f"ninja's default for {cores} cores"
     if free is None:
         return ("compile memory", True, f"free memory unknown; up to {parallel} compile jobs at once ({rule})")
     if free >= need:
