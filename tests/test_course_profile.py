@@ -297,3 +297,52 @@ def test_profile_runs_on_the_gpu(lab, kernel, tmp_path):
         assert first["dram_pct"] > 50 and first["load_sectors_per_request"] >= 4
     if lab == "05":
         assert first["tensor_pipe_pct"] > 10
+
+
+STAND_IN_NCU = '''#!{python}
+"""A stand-in for ncu: runs the application with ncu's options stripped, then writes the recorded report."""
+import shutil, subprocess, sys
+args, options, i = sys.argv[1:], {{}}, 0
+while args[i].startswith("--"):
+    if args[i] == "--csv":
+        i += 1
+        continue
+    options[args[i]] = args[i + 1]
+    i += 2
+with open("{calls}", "a") as log:
+    log.write(" ".join(sys.argv[1:i]) + "\\n")
+code = subprocess.run(args[i:]).returncode
+shutil.copy("{report}", options["--log-file"])
+sys.exit(code)
+'''
+STAND_IN_SMI = '''#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)" ;;
+  *) echo "NVIDIA H100 80GB HBM3, 9.0" ;;
+esac
+'''
+
+
+def test_profile_pipeline_with_a_stand_in_ncu(tmp_path):
+    """The whole `./course profile` path on CPU: the lab is built, its perf tests run under the wrapper with
+    ncu's options, the report ncu would write is parsed and printed, and --json is written. The stand-ins for
+    ncu and nvidia-smi only pretend; the perf tests skip (no GPU), so no range is recorded and the kernels come
+    without their case."""
+    calls = tmp_path / "ncu-calls.txt"
+    for name, text in (("ncu", STAND_IN_NCU.format(python=sys.executable, calls=calls,
+                                                   report=DATA / "ncu-raw-report.csv")),
+                       ("nvidia-smi", STAND_IN_SMI)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    out = tmp_path / "profile.json"
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    run = subprocess.run([sys.executable, CLI, "profile", "00", "--impl", "solutions", "-k", "scale", "--json",
+                          str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    options = calls.read_text().split()
+    assert options[:3] == ["--profile-from-start", "off", "--csv"]
+    assert "smsp__average_warps_issue_stalled_gmma_per_issue_active.ratio" in options[options.index("--metrics") + 1]
+    assert "-- copy_vectorized_kernel" in run.stdout and "How to read them" in run.stdout
+    data = json.loads(out.read_text())
+    assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["command"] == "./course profile 00 --impl solutions -k scale"
+    assert len(data["kernels"]) == 5 and all(k["case"] is None for k in data["kernels"])
