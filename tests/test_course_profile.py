@@ -44,7 +44,7 @@ def kernels():
 
 
 def test_the_marker_is_the_harness_marker():
-    assert kernel_profile.MARKER == perf.RANGE_MARKER_KERNEL
+    assert kernel_profile.MARKER == perf.RANGE_MARKER_KERNEL and kernel_profile.PROFILE_ENV == perf.PROFILE_ENV
     assert kernel_profile.split_ranges([], [], kernel_profile.MARKER) == []
 
 

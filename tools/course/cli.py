@@ -350,10 +350,13 @@ def cmd_profile(args) -> int:
     python = env.python_for("test")
     lab = trees.find_lab(args.lab)
     impl = _impl(args.impl)
+    json_out = args.json
+    if json_out is True:  # plain --json: the site's data, beside the benchmark JSON
+        json_out = str(ROOT / "site" / "data" / "profile" / f"{lab.name}{'-sass' if args.sass else ''}.json")
     if args.sass:
-        return kernel_profile.sass(python, lab, impl, kernel=args.kernel, json_out=args.json)
+        return kernel_profile.sass(python, lab, impl, kernel=args.kernel, json_out=json_out)
     return kernel_profile.profile(python, lab, impl, kernel=args.kernel, select=args.select, baseline=args.baseline,
-                                  json_out=args.json, deadline_s=args.deadline)
+                                  json_out=json_out, deadline_s=args.deadline)
 
 
 def cmd_labs(args) -> int:
@@ -546,7 +549,9 @@ def main(argv=None) -> int:
     p.add_argument("--sass", action="store_true",
                    help="instead: each kernel's memory and tensor-core instructions from cuobjdump -sass of the "
                    "built extension, counted per opcode and in program order (no GPU needed)")
-    p.add_argument("--json", metavar="FILE", help="also write the tables as JSON (e.g. site/data/profile/NN-slug.json)")
+    p.add_argument("--json", nargs="?", const=True, metavar="FILE",
+                   help="also write the tables as JSON: to FILE, or with no FILE to the site's data, "
+                   "site/data/profile/NN-slug.json (NN-slug-sass.json with --sass)")
     p.add_argument("--deadline", type=int, default=3600, help="seconds before the profiled run is killed")
     p = add("build", "compile one lab (JIT, as the grader does) and report the time", cmd_build)
     p.add_argument("lab")

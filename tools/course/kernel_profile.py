@@ -398,7 +398,9 @@ def ncu_command(ncu: str, csv_path: Path, *, kernel: str | None, cc: str | None)
     return command
 
 
-MARKER = "spin_kernel"  # tests/harness/perf.py's RANGE_MARKER_KERNEL (checked by tests/test_course_profile.py)
+# tests/harness/perf.py's RANGE_MARKER_KERNEL and PROFILE_ENV (tests/test_course_profile.py checks they agree).
+MARKER = "spin_kernel"
+PROFILE_ENV = "COURSE_PROFILE"
 
 
 def gpu_facts() -> dict:
@@ -448,7 +450,7 @@ def profile(python: str, lab, impl: str, *, kernel: str | None = None, select: s
           "metric pass, with the clocks locked to base: the times are ncu's, not ./course bench's) ...", flush=True)
     result = runner.run_pytest(python, [lab.test_file], impl=impl, label=f"profile-{lab.name}", lab_number=lab.number,
                                verbose=False, deadline_s=deadline_s, pytest_args=selection, wrapper=command,
-                               extra_env={"COURSE_PROFILE": "ours,baseline" if baseline else "ours"})
+                               extra_env={PROFILE_ENV: "ours,baseline" if baseline else "ours"})
     report_text = csv_path.read_text(errors="replace") if csv_path.exists() else ""
     log_text = Path(result["log"]).read_text(errors="replace") if Path(result["log"]).exists() else ""
     kernels = split_ranges(parse_csv(report_text), result.get("profiled", []), MARKER)
