@@ -4,6 +4,11 @@ A lesson page writes `<!-- bench: 00-first-kernel -->` where its results go. The
 hook replaces it with a figure (an SVG generated here, not drawn by hand) and a
 table of every case: our time, the PyTorch baseline, the ratio and the target.
 The JSON files are what `./course bench N --json` wrote on a GPU, committed.
+
+A lesson written before its kernels ran on a GPU writes `<!-- bench: NN-slug pending -->`
+instead: it renders a "no GPU results yet" box (class bench-pending, which the browser check
+accepts in place of the figure) and the build fails once the results exist but the page still
+says pending. A plain marker without results fails the strict build too.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ log = logging.getLogger("mkdocs.hooks.bench")
 # COURSE_BENCH_DATA points the build at another folder of results (a test build, a GPU box's
 # fresh run); the committed ones are the default.
 DATA = Path(os.environ.get("COURSE_BENCH_DATA") or trees.BENCH_DATA)
-MARKER = re.compile(r"<!--\s*bench:\s*([0-9]{2}-[a-z0-9-]+)\s*-->")
+MARKER = re.compile(r"<!--\s*bench:\s*([0-9]{2}-[a-z0-9-]+)(\s+pending)?\s*-->")
 BAR_HEIGHT, GAP, LABEL_WIDTH, PLOT_WIDTH = 22, 10, 230, 420
 
 
@@ -92,8 +97,17 @@ def on_files(files, config):
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     def replace(match: re.Match) -> str:
-        name = match.group(1)
+        name, pending = match.group(1), bool(match.group(2))
         data = load(name)
+        if pending and data is None:
+            return (f'<div class="admonition warning bench-pending" markdown>\n'
+                    f'<p class="admonition-title">No GPU results yet</p>\n\n'
+                    f"This lesson's kernels have not been timed on a GPU yet: its figure and table appear here "
+                    f"once `./course bench {name[:2]} --json` has run on one and site/data/bench/{name}.json is "
+                    f"committed. Until then the home page lists the lesson as being written.\n\n</div>\n")
+        if pending:
+            log.warning(f"{page.file.src_uri}: site/data/bench/{name}.json exists: the marker should no longer say "
+                        f"pending (write <!-- bench: {name} -->)")
         if data is None:
             log.warning(f"{page.file.src_uri}: no benchmark results for {name}: run `./course bench "
                         f"{name[:2]} --json` on a GPU and commit site/data/bench/{name}.json")

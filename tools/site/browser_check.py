@@ -14,7 +14,9 @@ It fails, with a list, on:
     - an internal href/src that does not resolve to a file, or a #fragment with no such id
       (mkdocs reports a missing anchor only at INFO level, and never looks at raw HTML links)
     - a lesson page without its benchmark figure (an <img> of bench/NN-slug.svg, which must
-      exist and parse as SVG): mkdocs is silent when the `<!-- bench: -->` marker is missing
+      exist and parse as SVG): mkdocs is silent when the `<!-- bench: -->` marker is missing.
+      A lesson whose marker says pending (no GPU results yet) has a box in its place instead,
+      and the home page must list that lesson as being written
     - CUDA code blocks without highlighting spans; a lesson page without a prev/next footer
   in the browser, for every page
     - console errors, uncaught exceptions, failed or 4xx/5xx requests, any request that
@@ -140,6 +142,17 @@ def static_checks(site: Path) -> tuple[list[str], list[str]]:
 def lesson_checks(site: Path, page: str, name: str, parser: PageParser, text: str) -> list[str]:
     failures = []
     wanted = f"bench/{name}.svg"
+    if 'bench-pending' in text:
+        # A lesson not yet run on a GPU says so in place of its figure (site/hooks/bench.py); the
+        # hook fails the build if its results exist, so here only the home page's word is checked.
+        home = (site / "index.html").read_text(errors="replace")
+        row = re.search(rf'<td><a href="{re.escape(name)}/">[^<]*</a></td>.*?course-status--([a-z-]+)', home, re.DOTALL)
+        if row is None or row.group(1) != "in-progress":
+            failures.append(f"{page}: the page says its GPU results are pending, but the home page does not list "
+                            f"it as being written ({row.group(1) if row else 'no row found'})")
+        if "md-footer__link--prev" not in text:
+            failures.append(f"{page}: no 'Previous' link in the footer (theme.features navigation.footer)")
+        return failures
     if not any(posixpath.normpath(posixpath.join(posixpath.dirname(page), src)) == wanted for src in parser.images):
         failures.append(f"{page}: no benchmark figure: the page needs `<!-- bench: {name} -->` (an <img> of {wanted})")
     svg = site / wanted
