@@ -1,6 +1,9 @@
 // The course's one shared header for host wrappers: the layer between a torch
 // Tensor and a kernel launcher. Only wrapper .cpp files include it.
 //
+// No Python here: a lab's PYBIND11_MODULE includes <torch/csrc/utils/pybind.h> itself, and lab 09
+// compiles lessons 06-08's wrappers into an op library that links no Python at all.
+//
 // It includes the few torch headers a wrapper needs instead of <torch/extension.h>:
 // that umbrella pulls in autograd, nn and optim and costs ~3x the compile time
 // (21 s against 7 s on a 2-core machine), paid on every cold build of every lab.
@@ -13,7 +16,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <cctype>
 #include <string>

@@ -1,9 +1,10 @@
-// Lab skeleton generated from solutions/00-first-kernel/wrapper.cpp by `./course labs` [lab-hash 159c6fa5cb0e].
+// Lab skeleton generated from solutions/00-first-kernel/wrapper.cpp by `./course labs` [lab-hash eccaff73ab9c].
 // Students: fill in the TODO(lab00.k) blocks, then run `./course grade 00`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 00's host wrapper: Tensor in, checks, current stream, launch, Tensor out.
 // This is the only file of the lab that includes torch headers.
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "first_kernel.h"
 

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash 587b6dcd65f7].
+// Lab skeleton generated from solutions/01-memory-bandwidth/wrapper.cpp by `./course labs` [lab-hash a88779936cb8].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01's host wrapper: Tensors in, checks, current stream, launch. The copies write into a
@@ -6,6 +6,7 @@
 // start anywhere in memory (x[1:]) and see what a kernel does to the floats around them.
 #include <ATen/MemoryOverlap.h>
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "memory_bandwidth.h"
 

@@ -1,9 +1,10 @@
-// Lab skeleton generated from solutions/03-reductions/wrapper.cpp by `./course labs` [lab-hash 363f44b92c54].
+// Lab skeleton generated from solutions/03-reductions/wrapper.cpp by `./course labs` [lab-hash ecc5eadeccd0].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03's host wrapper: checks, the dtype dispatch, the current stream, launches.
 // This is the only file of the lab that includes torch headers.
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <limits>
 #include <type_traits>

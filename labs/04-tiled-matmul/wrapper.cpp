@@ -1,10 +1,11 @@
-// Lab skeleton generated from solutions/04-tiled-matmul/wrapper.cpp by `./course labs` [lab-hash 5549b0fc7cb4].
+// Lab skeleton generated from solutions/04-tiled-matmul/wrapper.cpp by `./course labs` [lab-hash f02f908711c3].
 // Students: fill in the TODO(lab04.k) blocks, then run `./course grade 04`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 04's host wrapper: C = A @ B through kernel 1 ... 7 of the ladder. Checks, device
 // guard, current stream, launch. The only file of the lab that includes torch headers.
 #include <ATen/ops/zeros.h>
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <climits>
 #include <string>

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash 22d3f0ba6a21].
+// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash 8b01ee35d2d9].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's host wrapper: checks the shape contract, the dtypes and the GPU, then launches
@@ -8,6 +8,7 @@
 // crashed (SIGSEGV in c10::str) on the GPU box's g++ 13 build, like IntArrayRef in torch_op.h.
 #include <course/cuda.cuh>
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>

@@ -1,6 +1,7 @@
 // Lab 00's host wrapper: Tensor in, checks, current stream, launch, Tensor out.
 // This is the only file of the lab that includes torch headers.
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "first_kernel.h"
 

@@ -3,6 +3,7 @@
 // start anywhere in memory (x[1:]) and see what a kernel does to the floats around them.
 #include <ATen/MemoryOverlap.h>
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "memory_bandwidth.h"
 

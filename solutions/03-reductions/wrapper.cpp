@@ -1,6 +1,7 @@
 // Lab 03's host wrapper: checks, the dtype dispatch, the current stream, launches.
 // This is the only file of the lab that includes torch headers.
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <limits>
 #include <type_traits>

@@ -2,6 +2,7 @@
 // guard, current stream, launch. The only file of the lab that includes torch headers.
 #include <ATen/ops/zeros.h>
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <climits>
 #include <string>

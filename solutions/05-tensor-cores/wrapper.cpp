@@ -5,6 +5,7 @@
 // crashed (SIGSEGV in c10::str) on the GPU box's g++ 13 build, like IntArrayRef in torch_op.h.
 #include <course/cuda.cuh>
 #include <course/torch_op.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>

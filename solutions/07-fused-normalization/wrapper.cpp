@@ -1,6 +1,7 @@
 // Lab 07's host wrapper: checks, the dtype dispatch, the current stream, launches. This is the
 // only file of the lab that includes torch headers.
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/accumulate.h>
 #include <course/torch_op.h>
 
@@ -9,6 +10,7 @@
 #include <tuple>
 
 #include "normalization.h"
+#include "wrapper.h"
 
 namespace {
 
@@ -124,9 +126,10 @@ at::Tensor softmax_backward(const at::Tensor& grad_y, const at::Tensor& y, const
 }
 
 // --8<-- [start:rms_norm]
-std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
-                                            const std::string& path) {
-  constexpr const char* op = "rms_norm";
+namespace {
+// `op` names the caller in error messages: rms_norm or rms_norm_out.
+void run_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& path,
+                  const at::Tensor& y, const at::Tensor& rstd) {
   const RowPath row_path = parse_path(path, op);
   check_x(x, op, "x");
   check_weight(weight, x, op);
@@ -134,19 +137,43 @@ std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tenso
               ": eps must be finite and >= 0 (it is added to mean(x^2) under the square root), got ",
               std::to_string(eps));
   check_registers_fit(row_path, x, op);
-  const c10::cuda::CUDAGuard device_guard(x.device());
+  check_like(y, x, op, "out", "x");
+  check_rows_tensor(rstd, op, "rstd");
+  course::check_same_device(x, rstd, op, "x", "rstd");
+  course::check_dtype(rstd, op, "rstd", compute_dtype(x));
+  TORCH_CHECK(rstd.sizes() == x.sizes().slice(0, x.dim() - 1), op,
+              ": rstd must have shape x.shape[:-1] = ", course::format_dims(x.sizes().slice(0, x.dim() - 1)), ", got ",
+              course::describe(rstd));
+  // The kernel reads x after writing parts of y only within one thread's own elements, but nothing
+  // promises that stays true: an out that shares memory with x is refused, not raced.
+  at::assert_no_overlap(y, x);
+  const c10::cuda::CUDAGuard device_guard(x.device());  // launch on x's GPU, whichever is current
   // A strided weight (w[::2]) is copied: N elements, nothing beside x's rows x N.
   const at::Tensor w = weight.contiguous();
-  at::Tensor y = at::empty(x.sizes(), x.options());
-  // One rstd a row, shape x.shape[:-1], in the compute type: the backward reads it instead of
-  // recomputing it, which would be a pass over x.
-  at::Tensor rstd = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(compute_dtype(x)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
     using T = CudaType<scalar_t>;
     launch_rms_norm_forward<T>(cuda_data<scalar_t>(x), cuda_data<scalar_t>(w), cuda_mutable_data<scalar_t>(y),
                                rstd.mutable_data_ptr<Compute<T>>(), rows_of(x), x.size(-1), eps, row_path,
                                course::current_stream());
   });
+}
+}  // namespace
+
+// The out= form: y and rstd are the caller's (lab 09 registers it as rms_norm.out, whose schema
+// marks both as written). Checked like inputs: a wrong shape or dtype would be a silent wrong answer.
+void rms_norm_out(const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& path,
+                  const at::Tensor& y, const at::Tensor& rstd) {
+  run_rms_norm("rms_norm_out", x, weight, eps, path, y, rstd);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                            const std::string& path) {
+  check_x(x, "rms_norm", "x");  // before x.dim() is used below
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  // One rstd a row, shape x.shape[:-1], in the compute type: the backward reads it instead of
+  // recomputing it, which would be a pass over x.
+  at::Tensor rstd = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(compute_dtype(x)));
+  run_rms_norm("rms_norm", x, weight, eps, path, y, rstd);
   return {y, rstd};
 }
 // --8<-- [end:rms_norm]
@@ -182,44 +209,4 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, c
                                 n, row_path, course::current_stream());
   });
   return {grad_x, grad_weight};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
-  m.def("softmax", &softmax, "softmax over the last dimension of x (..., N); path 'auto', 'registers' or 'streaming'",
-        py::arg("x"), py::arg("path") = "auto");
-  m.def("softmax_backward", &softmax_backward, "grad_x = y * (grad_y - sum(grad_y * y, -1)) of y = softmax(x)",
-        py::arg("grad_y"), py::arg("y"), py::arg("path") = "auto");
-  m.def("rms_norm", &rms_norm,
-        "(y, rstd): y = x * rsqrt(mean(x^2, -1) + eps) * weight for x (..., N), weight (N,); rstd (x.shape[:-1]) "
-        "in float32 (float64 for float64 x)",
-        py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, py::arg("path") = "auto");
-  m.def("rms_norm_backward", &rms_norm_backward,
-        "(grad_x, grad_weight) of rms_norm from the forward's rstd; grad_weight bitwise reproducible",
-        py::arg("grad_y"), py::arg("x"), py::arg("weight"), py::arg("rstd"), py::arg("path") = "auto");
-  // The numbers the kernels are built with, so that the grader and the notebook read them
-  // instead of restating them. Per element size in bytes where they depend on the dtype.
-  m.def(
-      "constants",
-      [] {
-        constexpr NormConstants c = kNormConstants;
-        py::dict max_register_row_by_size, max_warp_row_by_size;
-        max_register_row_by_size[py::int_(2)] = max_register_row<__half>();
-        max_register_row_by_size[py::int_(4)] = max_register_row<float>();
-        max_register_row_by_size[py::int_(8)] = max_register_row<double>();
-        max_warp_row_by_size[py::int_(2)] = max_warp_row<__half>();
-        max_warp_row_by_size[py::int_(4)] = max_warp_row<float>();
-        max_warp_row_by_size[py::int_(8)] = max_warp_row<double>();
-        return py::dict(
-            py::arg("warp_size") = c.warp_size, py::arg("threads_per_block") = c.threads_per_block,
-            py::arg("stream_threads") = c.stream_threads, py::arg("stream_packs_in_flight") = c.stream_packs_in_flight,
-            py::arg("vector_bytes") = c.vector_bytes, py::arg("min_elems_per_thread") = c.min_elems_per_thread,
-            py::arg("max_register_row") = max_register_row_by_size, py::arg("max_warp_row") = max_warp_row_by_size,
-            py::arg("max_partial_rows") = c.max_partial_rows, py::arg("finalize_row_lanes") = c.finalize_row_lanes);
-      },
-      "{warp_size, threads_per_block, stream_threads, stream_packs_in_flight, vector_bytes, min_elems_per_thread, "
-      "max_register_row {element bytes: N}, max_warp_row {element bytes: N}, max_partial_rows, finalize_row_lanes}");
-  m.def("grad_weight_chunks", &grad_weight_chunks,
-        "rows of grad_weight partials (= blocks of the backward) for `rows` rows: a function of rows alone",
-        py::arg("rows"));
 }

@@ -20,10 +20,9 @@
 #include <tuple>
 
 #include "attention.h"
+#include "wrapper.h"
 
 namespace {
-
-namespace py = pybind11;
 
 // Which kernels an op runs: the dtypes, head dims, layouts and GPUs each rung takes differ.
 enum class Rung { kNaive, kFp32, kTensorCores };
@@ -308,57 +307,3 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& 
   return {grad_q, grad_k, grad_v};
 }
 // --8<-- [end:ops]
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attention_naive", &attention_naive,
-        "rung 1: (o, lse) of softmax(scale q k^T) v with the (batch, heads_q, seqlen_q, seqlen_k) float32 scores "
-        "written to memory; q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D); float32, float16 or bfloat16, any head_dim",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
-  m.def("flash_forward_fp32", &flash_forward_fp32,
-        "rung 2: (o, lse) by flash attention in float32 on the CUDA cores; head_dim 64 or 128", py::arg("q"),
-        py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
-  m.def("flash_forward", &flash_forward,
-        "rung 3: (o, lse) by flash attention on the tensor cores; float16 or bfloat16, head_dim 64 or 128, "
-        "compute capability 8.0+",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
-  m.def("flash_backward", &flash_backward,
-        "rung 4: (grad_q, grad_k, grad_v) from grad_o and the forward's o and lse; deterministic=True computes dQ "
-        "in a second pass instead of float32 atomics (bitwise reproducible, more FLOPs)",
-        py::arg("grad_o"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"),
-        py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("deterministic") = false);
-  // The numbers the kernels are built with, so that the grader, the notebook and the page read them
-  // instead of restating them: per head_dim, each flash kernel's block of queries (block_m), of keys
-  // (block_n), warps and dynamic shared memory, keyed like "forward_block_m_d64".
-  m.def(
-      "constants",
-      [] {
-        py::dict c;
-        py::list head_dims;
-        head_dims.append(kHeadDimSmall);
-        head_dims.append(kHeadDimLarge);
-        c["head_dims"] = head_dims;
-        for (const int d : {kHeadDimSmall, kHeadDimLarge}) {
-          const std::string suffix = "_d" + std::to_string(d);
-          const auto put = [&](const std::string& key, int value) { c[py::str(key + suffix)] = value; };
-          const FlashFp32Tiles fp32 = flash_fp32_tiles(d);
-          put("fp32_block_m", fp32.block_m);
-          put("fp32_block_n", fp32.block_n);
-          put("fp32_warps", fp32.warps);
-          put("fp32_shared_bytes", fp32.shared_bytes);
-          const FlashForwardTiles fwd = flash_forward_tiles(d);
-          put("forward_block_m", fwd.block_m);
-          put("forward_block_n", fwd.block_n);
-          put("forward_warps", fwd.warps);
-          put("forward_stages", fwd.stages);
-          put("forward_shared_bytes", fwd.shared_bytes);
-          const FlashBackwardTiles bwd = flash_backward_tiles(d);
-          put("backward_block_m", bwd.block_m);
-          put("backward_block_n", bwd.block_n);
-          put("backward_warps", bwd.warps);
-          put("backward_shared_bytes", bwd.shared_bytes);
-        }
-        return c;
-      },
-      "{head_dims: [64, 128], and per head_dim d: fp32_/forward_/backward_ block_m, block_n, warps, shared_bytes "
-      "(+ forward_stages), keyed like 'forward_block_m_d64'}");
-}

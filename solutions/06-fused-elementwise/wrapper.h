@@ -1,0 +1,15 @@
+// Lab 06's ops as C++ functions on tensors (bias+GELU forward and backward): what wrapper.cpp defines
+// (checks, device guard, current stream, launch) and what binds them to Python. module.cpp binds
+// them with pybind11 for this lab; lab 09 registers the same functions with the dispatcher
+// (TORCH_LIBRARY_IMPL), so the checks and launches are written once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <tuple>
+
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, const std::string& approximate, bool vectorized);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_y, const at::Tensor& x,
+                                                      const at::Tensor& bias, const std::string& approximate,
+                                                      bool vectorized);

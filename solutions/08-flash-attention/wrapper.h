@@ -1,0 +1,22 @@
+// Lab 08's ops as C++ functions on tensors (the attention rungs, forward and backward): what wrapper.cpp defines
+// (checks, device guard, current stream, launch) and what binds them to Python. module.cpp binds
+// them with pybind11 for this lab; lab 09 registers the same functions with the dispatcher
+// (TORCH_LIBRARY_IMPL), so the checks and launches are written once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+std::tuple<at::Tensor, at::Tensor> attention_naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   bool causal, std::optional<double> scale);
+std::tuple<at::Tensor, at::Tensor> flash_forward_fp32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      bool causal, std::optional<double> scale);
+std::tuple<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 bool causal, std::optional<double> scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& grad_o, const at::Tensor& q,
+                                                              const at::Tensor& k, const at::Tensor& v,
+                                                              const at::Tensor& o, const at::Tensor& lse, bool causal,
+                                                              std::optional<double> scale, bool deterministic);
