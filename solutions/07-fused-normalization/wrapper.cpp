@@ -128,8 +128,9 @@ at::Tensor softmax_backward(const at::Tensor& grad_y, const at::Tensor& y, const
 // --8<-- [start:rms_norm]
 namespace {
 // `op` names the caller in error messages: rms_norm or rms_norm_out.
+// y and rstd by value: a handle, whose data the launch writes.
 void run_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& path,
-                  const at::Tensor& y, const at::Tensor& rstd) {
+                  at::Tensor y, at::Tensor rstd) {
   const RowPath row_path = parse_path(path, op);
   check_x(x, op, "x");
   check_weight(weight, x, op);
@@ -150,7 +151,7 @@ void run_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight,
   const c10::cuda::CUDAGuard device_guard(x.device());  // launch on x's GPU, whichever is current
   // A strided weight (w[::2]) is copied: N elements, nothing beside x's rows x N.
   const at::Tensor w = weight.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
     using T = CudaType<scalar_t>;
     launch_rms_norm_forward<T>(cuda_data<scalar_t>(x), cuda_data<scalar_t>(w), cuda_mutable_data<scalar_t>(y),
                                rstd.mutable_data_ptr<Compute<T>>(), rows_of(x), x.size(-1), eps, row_path,
