@@ -1,0 +1,567 @@
+"""Lab 09's ahead-of-time builds: the CMake op library and the course_ops wheel register the same ops as the JIT build.
+
+Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the test_aot_* functions from here;
+`pytest tests/lab09_aot.py` also runs them. They need no fixture of their own (an imported function brings none):
+the builds are made by cached functions, once per process.
+
+  - CMake: `cmake --build build/cmake --target course_<tree>_ops` (the CI's build folder, configured first if it is
+    missing: CI has built every target before the suite runs, so this finds it up to date) gives
+    build/cmake/<tree>/libcourse_ops.so. It compiles exactly the sources the JIT build compiles (lab 09's, and
+    depends.txt's labs' without their module.cpp), and links no libpython and no libtorch_python (readelf -d);
+  - the wheel: `pip wheel --no-build-isolation --no-deps` of <tree>/09-custom-ops/package into
+    build/wheel/<tree>/dist, rebuilt only when a hash of its sources changes; it holds the lab's own ops.py and
+    block.py, byte for byte, and an abi3 library without libpython or libtorch_python;
+  - each in a subprocess of its own (both define the namespace `course`, which a process can load once):
+    torch.ops.load_library + ops.register("course") for the CMake library, `import course_ops` for the wheel
+    installed with pip --target. Both give tests/lab09_schemas.py's nine schemas, a CUDA kernel for each op, the
+    same fake-tensor results (FakeTensorMode on fake CUDA tensors: no GPU needed), and the dispatcher's own
+    refusal of CPU tensors;
+  - on a GPU: both give bitwise the outputs of the grader's JIT build of the same tree on the same inputs.
+
+The tree is the one graded (./course grade --impl labs|solutions); a submission folder is graded on its JIT build
+alone, and these tests skip there. Cold builds on a 2-core machine busy with other compiles: the CMake target 2.7 min
+(labs) to 6.8 min (solutions), the wheel 2.6 to 5.0 min; warm, the tests take about 25 s. CI builds both before
+the suite (.ci/run), so lab 09's grading stays inside its deadline.
+
+    python tests/lab09_aot.py wheel [labs|solutions]     # build (or reuse) the wheel, print its path and the time
+    python tests/lab09_aot.py cmake [labs|solutions]     # build (or reuse) the CMake library
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import lab09_schemas
+import pytest
+import torch
+
+import harness
+from harness import build as lab_build
+from harness import jit, requires_gpu, trees
+
+LAB = trees.find_lab("09")
+NAMESPACE = "course"  # ops.cpp's COURSE_OPS_NAMESPACE in both ahead-of-time builds
+CMAKE_DIR = trees.BUILD / "cmake"
+WHEEL_DIR = trees.BUILD / "wheel"
+# setuptools 65 (the course's venv) has no bdist_wheel of its own: `wheel` provides it, installed with pip --target
+# into the course's cache, not into the venv (the same folder as tests/lab09_stable_abi.py's: the same key).
+WHEEL_PACKAGE = "wheel==0.48.0"
+# What an op library must not need: it is loaded into a python that has these already, or into C++.
+PYTHON_LIBRARIES = re.compile(r"^lib(python\d|torch_python)")
+CPU_REFUSAL = f"Could not run '{NAMESPACE}::bias_gelu' with arguments from the 'CPU' backend"
+WHEEL_EXPORTS = ("BlockConfig", "CourseOps", "DecoderBlock", "TorchOps", "torch_ops", "NAMESPACE")
+PROBE_PREFIX = "LAB09_PROBE "
+
+__all__ = ["test_aot_cmake_compiles_the_jit_sources", "test_aot_cmake_library_links_no_python",
+           "test_aot_cmake_library_registers_the_ops", "test_aot_wheel_holds_the_lab_files",
+           "test_aot_wheel_library_links_no_python", "test_aot_wheel_registers_the_same_ops",
+           "test_aot_cmake_matches_jit_on_gpu", "test_aot_wheel_matches_jit_on_gpu"]
+
+
+def graded_tree() -> trees.Tree:
+    """The tree under grading, when it is one of the course's own: CMake knows labs/ and solutions/ only."""
+    tree = trees.resolve_tree()
+    if tree.tag not in ("labs", "solutions"):
+        pytest.skip(f"the ahead-of-time builds are checked on the course's trees (labs, solutions); {tree.path} is "
+                    "graded on its JIT build")
+    return tree
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+
+def _jobs() -> str:
+    return os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)
+
+
+def _arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST as the grader sets it (the GPU present, else 9.0a), ';'-separated for CMake."""
+    return ";".join(jit.ensure_arch_list().replace(",", " ").replace(";", " ").split())
+
+
+# ---------------------------------------------------------------- the CMake library
+def _cmake_cache() -> dict[str, str]:
+    cache = CMAKE_DIR / "CMakeCache.txt"
+    if not cache.is_file():
+        return {}
+    entries = {}
+    for line in cache.read_text(errors="replace").splitlines():
+        match = re.match(r"^([A-Za-z_][\w.-]*):[A-Z]+=(.*)$", line)
+        if match:
+            entries[match.group(1)] = match.group(2)
+    return entries
+
+
+@functools.lru_cache(maxsize=None)
+def cmake_library(tag: str) -> Path:
+    """build/cmake/<tag>/libcourse_ops.so, built by its target alone. The CI's build folder is reused as it is;
+    it is configured when missing, or when it lacks the tree or compiles for another GPU than this one."""
+    target = f"course_{tag}_ops"
+    cache, arch = _cmake_cache(), _arch_list()
+    options = []
+    if not cache:
+        options = [f"-DCOURSE_PYTHON={sys.executable}", f"-DCOURSE_CUDA_ARCH={arch}"]
+    else:
+        configured = [t for t in cache.get("COURSE_TREES", "").split(";") if t]
+        if tag not in configured:
+            options.append(f"-DCOURSE_TREES={';'.join(configured + [tag])}")
+        if cache.get("COURSE_CUDA_ARCH") != arch:
+            options.append(f"-DCOURSE_CUDA_ARCH={arch}")
+    CMAKE_DIR.mkdir(parents=True, exist_ok=True)
+    if options:
+        log = trees.BUILD / "lab09-cmake-configure.log"
+        with open(log, "w") as out:
+            done = subprocess.run(["cmake", "-S", str(trees.ROOT), "-B", str(CMAKE_DIR), *options], stdout=out,
+                                  stderr=subprocess.STDOUT)
+        assert done.returncode == 0, f"cmake's configure step failed ({log}):\n{_tail(log)}"
+    log = trees.BUILD / f"lab09-cmake-{tag}.log"
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(["cmake", "--build", str(CMAKE_DIR), "--target", target, "-j", _jobs()], stdout=out,
+                              stderr=subprocess.STDOUT)
+    assert done.returncode == 0, f"cmake --build --target {target} failed ({log}):\n{_tail(log)}"
+    print(f"[lab09] cmake --build --target {target}: {time.perf_counter() - started:.1f} s")
+    library = CMAKE_DIR / tag / "libcourse_ops.so"
+    assert library.is_file(), f"the {target} target built no {library}"
+    return library
+
+
+def _cmake_compiled_sources(tag: str) -> set[Path]:
+    """The files compile_commands.json compiles into the op-library target."""
+    commands = json.loads((CMAKE_DIR / "compile_commands.json").read_text())
+    marker = f"/course_{tag}_ops.dir/"
+    return {Path(c["file"]).resolve() for c in commands if marker in c.get("output", c["command"])}
+
+
+# ---------------------------------------------------------------- the wheel
+def _course_env():
+    """tools/course/env.py, loaded by path (tools/ is not a package): the course's cache folder."""
+    module = sys.modules.get("course_env")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("course_env", trees.ROOT / "tools" / "course" / "env.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["course_env"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _wheel_package_path() -> str | None:
+    """A PYTHONPATH entry providing `wheel` (bdist_wheel), or None when this python has it."""
+    if importlib.util.find_spec("wheel") is not None:
+        return None
+    target = _course_env().cache_dir() / f"pip-target-{hashlib.sha256(WHEEL_PACKAGE.encode()).hexdigest()[:12]}"
+    stamp = target / ".installed"
+    if not stamp.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
+                        "--target", str(target), WHEEL_PACKAGE], check=True)
+        stamp.write_text(WHEEL_PACKAGE + "\n")
+    return str(target)
+
+
+def wheel_inputs(lab_dir: Path) -> list[Path]:
+    """Every file the wheel is made from: the package folder, the lab's sources and Python files, the sources and
+    headers of the labs depends.txt names, the course's headers, and jit.py (setup.py reads its rules)."""
+    code = {".cpp", ".cu", ".h", ".cuh"}
+    files = [p for p in (lab_dir / "package").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    files += [p for p in lab_dir.iterdir() if p.is_file() and (p.suffix in code | {".py"} or p.name == "depends.txt")]
+    for dependency in jit.lab_dependencies(lab_dir):
+        files += [p for p in dependency.iterdir() if p.is_file() and p.suffix in code]
+    files += [p for p in trees.INCLUDE.rglob("*") if p.is_file()]
+    files.append(trees.TESTS / "harness" / "jit.py")
+    return sorted(set(files))
+
+
+def wheel_key(lab_dir: Path) -> str:
+    digest = hashlib.sha256(f"torch {torch.__version__} arch {_arch_list()}\n".encode())
+    for path in wheel_inputs(lab_dir):
+        digest.update(f"{path.relative_to(trees.ROOT)}\n".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def wheel(tag: str) -> Path:
+    """build/wheel/<tag>/dist's course_ops wheel, built with pip unless the hash of its sources is the one it was
+    built from. Intermediate files stay in build/wheel/<tag>/build (setup.py), so a rebuild is incremental."""
+    lab_dir = LAB.dir_in(trees.resolve_tree(tag))
+    dist, key = WHEEL_DIR / tag / "dist", wheel_key(lab_dir)
+    stamp = dist / "source-hash.txt"
+    found = sorted(dist.glob("course_ops-*.whl"))
+    if found and stamp.is_file() and stamp.read_text().strip() == key:
+        return found[-1]
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir(parents=True)
+    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")  # wheel's bdist_wheel warns of setuptools' own
+    extra = _wheel_package_path()
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra, env.get("PYTHONPATH")]))
+    log = WHEEL_DIR / tag / "pip-wheel.log"
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check",
+                               "--no-build-isolation", "--no-deps", "-w", str(dist), str(lab_dir / "package")],
+                              stdout=out, stderr=subprocess.STDOUT, env=env)
+    assert done.returncode == 0, f"pip wheel of {lab_dir / 'package'} failed ({log}):\n{_tail(log)}"
+    print(f"[lab09] pip wheel {lab_dir.relative_to(trees.ROOT)}/package: {time.perf_counter() - started:.1f} s")
+    found = sorted(dist.glob("course_ops-*.whl"))
+    assert found, f"pip wheel wrote no course_ops wheel into {dist} ({log})"
+    stamp.write_text(key + "\n")
+    return found[-1]
+
+
+@functools.lru_cache(maxsize=None)
+def installed_wheel(tag: str) -> Path:
+    """wheel(tag) installed with pip --target into build/wheel/<tag>/site (--no-deps: this torch is the one)."""
+    site = WHEEL_DIR / tag / "site"
+    shutil.rmtree(site, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+                    "--target", str(site), str(wheel(tag))], check=True)
+    return site
+
+
+def _needed(library: Path) -> list[str]:
+    readelf = shutil.which("readelf")
+    assert readelf, "readelf (binutils) is not on PATH: the dependency check reads the library with it"
+    text = subprocess.run([readelf, "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", text)
+
+
+def _assert_links_no_python(library: Path, what: str) -> None:
+    needed = _needed(library)
+    assert any(n.startswith("libtorch") for n in needed), f"{what} needs no libtorch*: NEEDED {needed}"
+    python = [n for n in needed if PYTHON_LIBRARIES.match(n)]
+    assert not python, (f"{what} needs {python} (readelf -d: NEEDED {needed}): an op library registers through "
+                        "libtorch alone; libtorch_python comes in by linking ${TORCH_PYTHON_LIBRARY} or Python3 "
+                        "(CMake) or by a CUDAExtension without py_limited_api (setup.py)")
+
+
+# ---------------------------------------------------------------- the probe: one build per subprocess
+def _ops_module(lab_dir: Path):
+    spec = importlib.util.spec_from_file_location("lab09_ops_under_probe", lab_dir / "ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_build(kind: str, location: str, lab_dir: Path) -> tuple[str, dict]:
+    """Load one build into this process; its namespace, and what the loading showed."""
+    seen: dict = {}
+    if kind == "wheel":
+        sys.path.insert(0, location)
+        import course_ops
+
+        seen["package_file"] = course_ops.__file__
+        seen["exports"] = [name for name in WHEEL_EXPORTS if hasattr(course_ops, name)]
+        seen["torch_ops_is_namespace"] = getattr(course_ops, "torch_ops", None) is getattr(torch.ops, NAMESPACE)
+        seen["ops_py_file"] = sys.modules["course_ops.ops"].__file__
+        return NAMESPACE, seen
+    torch.ops.load_library(location)
+    namespace = NAMESPACE if kind == "cmake" else Path(location).stem  # the JIT build: the module's name
+    _ops_module(lab_dir).register(namespace)
+    return namespace, seen
+
+
+def _metadata(outputs) -> list[dict]:
+    tensors = [] if outputs is None else list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    return [{"shape": list(t.shape), "dtype": str(t.dtype), "stride": list(t.stride()), "device": str(t.device)}
+            for t in tensors]
+
+
+def run_cases(ops, make) -> dict:
+    """Every op on a few inputs: {case: outputs}. `make(shape, dtype)` gives an input (a fake CUDA tensor, or
+    seeded random values on the GPU). Backward ops take their forward's outputs, as autograd hands them over."""
+    f16, bf16, f32, f64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+    out = {}
+    x, bias = make((5, 7, 33), bf16), make((33,), bf16)
+    out["bias_gelu bf16"] = ops.bias_gelu(x, bias)
+    out["bias_gelu bf16 tanh"] = ops.bias_gelu(x, bias, "tanh")
+    x, bias = make((4, 130), f64), make((130,), f64)
+    out["bias_gelu f64"] = ops.bias_gelu(x, bias)
+    x, bias, grad = make((9, 258), f32), make((258,), f32), make((9, 258), f32)
+    out["bias_gelu_backward f32 tanh"] = ops.bias_gelu_backward(grad, x, bias, "tanh")
+    x, weight = make((3, 5, 96), f16), make((96,), f16)
+    y, rstd = out["rms_norm f16"] = ops.rms_norm(x, weight, 1e-5)
+    out["rms_norm_backward f16"] = ops.rms_norm_backward(make((3, 5, 96), f16), x, weight, rstd)
+    written, written_rstd = make((3, 5, 96), f16), make((3, 5), f32)
+    ops.rms_norm_out(x, weight, 1e-5, written, written_rstd)
+    out["rms_norm_out f16"] = (written, written_rstd)
+    out["rms_norm f64"] = ops.rms_norm(make((2, 1000), f64), make((1000,), f64))
+    y = out["softmax f32"] = ops.softmax(make((6, 1030), f32))
+    out["softmax_backward f32"] = ops.softmax_backward(make((6, 1030), f32), y)
+    out["softmax bf16"] = ops.softmax(make((3, 4097), bf16))
+    # Attention: q strided ((B, H, S, D) storage seen as (B, S, H, D)), k and v with 2 heads for q's 8 (GQA).
+    q = make((2, 8, 65, 64), bf16).transpose(1, 2)
+    k, v = make((2, 65, 2, 64), bf16), make((2, 65, 2, 64), bf16)
+    o, lse = out["flash_attention bf16 causal gqa"] = ops.flash_attention(q, k, v, True)
+    out["flash_attention_backward bf16 causal gqa"] = ops.flash_attention_backward(
+        make((2, 65, 8, 64), bf16), q, k, v, o, lse, True, None, True)  # deterministic: bitwise repeatable
+    q, k, v = make((1, 33, 4, 128), f16), make((1, 70, 4, 128), f16), make((1, 70, 4, 128), f16)
+    out["flash_attention f16 scale"] = ops.flash_attention(q, k, v, False, 0.05)
+    return out
+
+
+def probe(kind: str, location: str, lab_dir: Path, outputs_file: str | None = None) -> dict:
+    """What one build registers: schemas, CUDA kernels, fake results, the CPU refusal; with `outputs_file`, the
+    ops' real outputs on the GPU saved there (torch.save)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    namespace, report = _load_build(kind, location, lab_dir)
+    prefix = f"{namespace}::"
+    report["schemas"] = {s.name[len(prefix):]: str(s) for s in torch._C._jit_get_all_schemas()
+                         if s.name.startswith(prefix)}
+    report["cuda_kernels"] = sorted(name for name in report["schemas"]
+                                    if torch._C._dispatch_has_kernel_for_dispatch_key(prefix + name, "CUDA"))
+    ops = getattr(torch.ops, namespace)
+    with FakeTensorMode():
+        results = run_cases(ops, lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda"))
+        report["fakes"] = {case: _metadata(value) for case, value in results.items()}
+    try:
+        ops.bias_gelu(torch.ones(2, 3), torch.ones(3))
+        report["cpu_refusal"] = "no error"
+    except Exception as error:  # the dispatcher's NotImplementedError is expected; anything else is reported
+        report["cpu_refusal"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if outputs_file:
+        generator = torch.Generator().manual_seed(9)
+
+        def make(shape, dtype):
+            return torch.randn(shape, generator=generator).to(dtype).cuda()
+
+        results = run_cases(ops, make)
+        torch.cuda.synchronize()
+        torch.save({case: [t.cpu() for t in (v if isinstance(v, (tuple, list)) else [v])]
+                    for case, v in results.items()}, outputs_file)
+    return report
+
+
+def run_probe(kind: str, location: Path, tag: str, outputs_file: Path | None = None) -> dict:
+    """probe() in a fresh python (a library defines its namespace once per process)."""
+    lab_dir = LAB.dir_in(trees.resolve_tree(tag))
+    trees.BUILD.mkdir(exist_ok=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "probe", kind, str(location), str(lab_dir)]
+    if outputs_file:
+        command.append(str(outputs_file))
+    done = subprocess.run(command, capture_output=True, text=True, cwd=trees.BUILD)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
+    assert done.returncode == 0 and lines, (f"loading the {kind} build ({location}) in a fresh python failed "
+                                            f"(exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return json.loads(lines[-1][len(PROBE_PREFIX):])
+
+
+@functools.lru_cache(maxsize=None)
+def cmake_report(tag: str) -> dict:
+    return run_probe("cmake", cmake_library(tag), tag)
+
+
+@functools.lru_cache(maxsize=None)
+def wheel_report(tag: str) -> dict:
+    return run_probe("wheel", installed_wheel(tag), tag)
+
+
+# ---------------------------------------------------------------- what every build must register
+def _contiguous_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.insert(0, step)
+        step *= max(size, 1)
+    return strides
+
+
+# {case: [(shape, dtype) of each output]}: the wrappers' allocations (fresh, contiguous, on the input's GPU).
+EXPECTED_FAKES = {
+    "bias_gelu bf16": [((5, 7, 33), "torch.bfloat16")],
+    "bias_gelu bf16 tanh": [((5, 7, 33), "torch.bfloat16")],
+    "bias_gelu f64": [((4, 130), "torch.float64")],
+    "bias_gelu_backward f32 tanh": [((9, 258), "torch.float32"), ((258,), "torch.float32")],
+    "rms_norm f16": [((3, 5, 96), "torch.float16"), ((3, 5), "torch.float32")],
+    "rms_norm_backward f16": [((3, 5, 96), "torch.float16"), ((96,), "torch.float16")],
+    "rms_norm_out f16": [((3, 5, 96), "torch.float16"), ((3, 5), "torch.float32")],
+    "rms_norm f64": [((2, 1000), "torch.float64"), ((2,), "torch.float64")],
+    "softmax f32": [((6, 1030), "torch.float32")],
+    "softmax_backward f32": [((6, 1030), "torch.float32")],
+    "softmax bf16": [((3, 4097), "torch.bfloat16")],
+    "flash_attention bf16 causal gqa": [((2, 65, 8, 64), "torch.bfloat16"), ((2, 8, 65), "torch.float32")],
+    "flash_attention_backward bf16 causal gqa": [((2, 65, 8, 64), "torch.bfloat16"), ((2, 65, 2, 64), "torch.bfloat16"),
+                                                 ((2, 65, 2, 64), "torch.bfloat16")],
+    "flash_attention f16 scale": [((1, 33, 4, 128), "torch.float16"), ((1, 4, 33), "torch.float32")],
+}
+
+
+def expected_fakes() -> dict:
+    return {case: [{"shape": list(shape), "dtype": dtype, "stride": _contiguous_strides(shape), "device": "cuda:0"}
+                   for shape, dtype in outputs] for case, outputs in EXPECTED_FAKES.items()}
+
+
+def assert_registers_the_ops(report: dict, what: str) -> None:
+    expected = lab09_schemas.qualified(NAMESPACE)
+    got = report["schemas"]
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    assert not missing and not extra, (f"{what} registers {sorted(got)} in torch.ops.{NAMESPACE}; missing {missing}, "
+                                       f"unexpected {extra} (ops.cpp's TORCH_LIBRARY block, TODO lab09.1)")
+    wrong = {name: f"got {got[name]!r}, expected {expected[name]!r}"
+             for name in expected if got[name] != expected[name]}
+    assert not wrong, f"{what}: schemas differ from tests/lab09_schemas.py: {wrong}"
+    no_kernel = sorted(set(expected) - set(report["cuda_kernels"]))
+    assert not no_kernel, (f"{what}: no CUDA kernel bound to {no_kernel} "
+                           "(TORCH_LIBRARY_IMPL(..., CUDA, m), TODO lab09.2)")
+    want = expected_fakes()
+    wrong = {case: {"got": report["fakes"].get(case), "expected": want[case]} for case in want
+             if report["fakes"].get(case) != want[case]}
+    assert not wrong, f"{what}: fake-tensor results differ (ops.py's register_fake, TODO lab09.3): {wrong}"
+    assert report["cpu_refusal"].startswith(f"NotImplementedError: {CPU_REFUSAL}"), (
+        f"{what}: a CPU tensor must be refused by the dispatcher ({CPU_REFUSAL!r}: a CUDA kernel only), got "
+        f"{report['cpu_refusal']!r}")
+
+
+# ---------------------------------------------------------------- CPU tests
+@harness.reference_check
+def test_aot_cmake_compiles_the_jit_sources():
+    """The CMake target compiles what the JIT build compiles: lab 09's sources and the sources of the labs its
+    depends.txt names, without their module.cpp (CMakeLists.txt reads the same file)."""
+    tree = graded_tree()
+    cmake_library(tree.tag)
+    lab_dir = LAB.dir_in(tree)
+    expected = {p.resolve() for p in jit.lab_sources(lab_dir) + jit.dependency_sources(lab_dir)}
+    got = _cmake_compiled_sources(tree.tag)
+    assert got == expected, (f"course_{tree.tag}_ops compiles {sorted(map(str, got - expected))} that the JIT build "
+                             f"does not, and not {sorted(map(str, expected - got))}")
+
+
+@harness.reference_check
+def test_aot_cmake_library_links_no_python():
+    """libcourse_ops.so needs libtorch and neither libpython nor libtorch_python (readelf -d)."""
+    tree = graded_tree()
+    _assert_links_no_python(cmake_library(tree.tag), f"build/cmake/{tree.tag}/libcourse_ops.so")
+
+
+@harness.tasks("lab09.1", "lab09.2", "lab09.3")
+def test_aot_cmake_library_registers_the_ops():
+    """torch.ops.load_library(libcourse_ops.so) + ops.register("course"): the nine schemas, a CUDA kernel each,
+    the fakes' shapes, dtypes and strides on fake CUDA tensors, and the dispatcher's refusal of CPU tensors."""
+    tree = graded_tree()
+    assert_registers_the_ops(cmake_report(tree.tag), f"build/cmake/{tree.tag}/libcourse_ops.so")
+
+
+@harness.reference_check
+def test_aot_wheel_holds_the_lab_files():
+    """The wheel is abi3 and holds the package, the library, and the lab's own ops.py and block.py byte for byte
+    (copied at build time: one source each)."""
+    tree = graded_tree()
+    built = wheel(tree.tag)
+    assert re.fullmatch(r"course_ops-[\w.]+-cp3\d+-abi3-linux_x86_64\.whl", built.name), (
+        f"{built.name}: expected a course_ops wheel tagged cpXY-abi3 (setup.py's py_limited_api)")
+    lab_dir = LAB.dir_in(tree)
+    with zipfile.ZipFile(built) as archive:
+        names = set(archive.namelist())
+        for name in ("course_ops/__init__.py", "course_ops/_C.abi3.so", "course_ops/ops.py", "course_ops/block.py"):
+            assert name in names, f"{built.name} lacks {name}; it holds {sorted(names)}"
+        for name in ("ops.py", "block.py"):
+            assert archive.read(f"course_ops/{name}") == (lab_dir / name).read_bytes(), (
+                f"{built.name}'s course_ops/{name} is not {lab_dir / name} (setup.py's BuildPy copies it)")
+
+
+@harness.reference_check
+def test_aot_wheel_library_links_no_python(tmp_path):
+    """The wheel's _C.abi3.so needs libtorch and neither libpython nor libtorch_python (py_limited_api)."""
+    tree = graded_tree()
+    with zipfile.ZipFile(wheel(tree.tag)) as archive:
+        library = Path(archive.extract("course_ops/_C.abi3.so", tmp_path))
+    _assert_links_no_python(library, f"the wheel's {library.name}")
+
+
+@harness.tasks("lab09.1", "lab09.2", "lab09.3")
+def test_aot_wheel_registers_the_same_ops():
+    """pip install --target of the wheel, then `import course_ops` in a fresh python: the same schemas, kernels,
+    fake results and CPU refusal as the CMake library, the package's exports, and ops.py from the install."""
+    tree = graded_tree()
+    site = installed_wheel(tree.tag)
+    report = wheel_report(tree.tag)
+    assert_registers_the_ops(report, "the installed wheel")
+    assert Path(report["package_file"]).resolve().is_relative_to(site.resolve()), (
+        f"import course_ops found {report['package_file']}, not the installed copy in {site}")
+    assert Path(report["ops_py_file"]).resolve().is_relative_to(site.resolve()), report["ops_py_file"]
+    assert report["exports"] == list(WHEEL_EXPORTS), f"course_ops exports {report['exports']}, expected {WHEEL_EXPORTS}"
+    assert report["torch_ops_is_namespace"], "course_ops.torch_ops is not torch.ops.course"
+    cmake = cmake_report(tree.tag)
+    for key in ("schemas", "cuda_kernels", "fakes", "cpu_refusal"):
+        assert report[key] == cmake[key], f"the wheel and the CMake library differ in {key}"
+
+
+# ---------------------------------------------------------------- GPU tests: bitwise the JIT build's outputs
+@functools.lru_cache(maxsize=None)
+def gpu_outputs(kind: str, tag: str) -> dict:
+    """The outputs of run_cases on the GPU for one build of the tree (a subprocess each), loaded here."""
+    tree = trees.resolve_tree(tag)
+    if kind == "jit":
+        lab_build.build(LAB, tree)  # the grader's build (reused when it is up to date)
+        location = LAB.build_dir(tree) / f"{lab_build.module_name(LAB, tree)}.so"
+    elif kind == "cmake":
+        location = cmake_library(tag)
+    else:
+        location = installed_wheel(tag)
+    outputs_file = WHEEL_DIR / tag / f"gpu-outputs-{kind}.pt"
+    outputs_file.parent.mkdir(parents=True, exist_ok=True)
+    run_probe(kind, location, tag, outputs_file)
+    return torch.load(outputs_file)
+
+
+def assert_bitwise_like_jit(kind: str) -> None:
+    tree = graded_tree()
+    ours, reference = gpu_outputs(kind, tree.tag), gpu_outputs("jit", tree.tag)
+    assert set(ours) == set(reference), f"{kind}: cases {sorted(ours)} vs the JIT build's {sorted(reference)}"
+    differ = {}
+    for case, expected in reference.items():
+        got = ours[case]
+        for index, (a, b) in enumerate(zip(got, expected)):
+            same_bits = (a.shape == b.shape and a.dtype == b.dtype
+                         and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+            if not same_bits:
+                detail = f"shape {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+                if a.shape == b.shape and a.dtype == b.dtype:
+                    wrong = (a.double() != b.double()).sum().item()
+                    detail = f"{wrong} of {a.numel()} elements differ"
+                differ[f"{case} output {index}"] = detail
+    assert not differ, f"the {kind} build's outputs are not the JIT build's, bit for bit: {differ}"
+
+
+@requires_gpu
+@harness.tasks("lab09.1", "lab09.2")
+def test_aot_cmake_matches_jit_on_gpu():
+    """The CMake library's ops give bitwise the JIT build's outputs (same kernels, same inputs)."""
+    assert_bitwise_like_jit("cmake")
+
+
+@requires_gpu
+@harness.tasks("lab09.1", "lab09.2")
+def test_aot_wheel_matches_jit_on_gpu():
+    """The wheel's ops give bitwise the JIT build's outputs (same kernels, same inputs)."""
+    assert_bitwise_like_jit("wheel")
+
+
+# ---------------------------------------------------------------- command line (and the probe's subprocess)
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["probe"] and len(argv) in (4, 5):
+        _, kind, location, lab_dir, *outputs = argv
+        report = probe(kind, location, Path(lab_dir), outputs[0] if outputs else None)
+        print(PROBE_PREFIX + json.dumps(report), flush=True)
+        return 0
+    if argv[:1] in (["wheel"], ["cmake"]) and len(argv) <= 2:
+        tag = argv[1] if len(argv) == 2 else "solutions"
+        print(wheel(tag) if argv[0] == "wheel" else cmake_library(tag))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
