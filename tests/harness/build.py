@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 
 from . import jit, trees
 
@@ -26,8 +27,25 @@ def module_name(lab: trees.Lab, tree: trees.Tree) -> str:
     return f"course_{tree.tag}_{lab.module_stem}"
 
 
+@dataclass(frozen=True)
+class OpLibrary:
+    """The build of an op library (jit.is_op_library: lab 09): no Python module to import. load() has loaded
+    the shared library at `path` (torch.ops.load_library), whose TORCH_LIBRARY blocks registered the ops in
+    torch.ops.<namespace>, the module name (TORCH_EXTENSION_NAME in the build)."""
+
+    path: str
+    namespace: str
+
+    @property
+    def ops(self):
+        """torch.ops.<namespace>: the library's ops, as the dispatcher holds them."""
+        import torch
+
+        return getattr(torch.ops, self.namespace)
+
+
 def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cflags: list[str] | None = None):
-    """Compile (or reuse) the lab in `tree` and return the imported module."""
+    """Compile (or reuse) the lab in `tree` and return the imported module (an OpLibrary for an op library)."""
     key = (tree.tag, lab.name)
     if not extra_cuda_cflags:
         if key in _built:
@@ -51,9 +69,10 @@ def _compile_and_import(lab: trees.Lab, tree: trees.Tree, verbose: bool, extra_c
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ATTEMPTS_LOG, "a") as log:
         log.write(f"{time.time():.3f} pid {os.getpid()}\n")
+    name = module_name(lab, tree)
     try:
-        return jit.load_lab(folder, trees.ROOT, name=module_name(lab, tree), extra_cuda_cflags=extra_cuda_cflags or (),
-                            verbose=verbose, build_dir=build_dir)
+        built = jit.load_lab(folder, trees.ROOT, name=name, extra_cuda_cflags=extra_cuda_cflags or (),
+                             verbose=verbose, build_dir=build_dir)
     except ImportError as error:
         # load() imports without rebuilding when it thinks nothing changed (e.g. after a
         # compile was interrupted); run ninja ourselves so the real compiler error shows.
@@ -61,6 +80,8 @@ def _compile_and_import(lab: trees.Lab, tree: trees.Tree, verbose: bool, extra_c
         if result.returncode != 0:
             raise RuntimeError(f"Error building extension:\n{result.stdout}{result.stderr}") from None
         raise error
+    # load() returns an op library's path (a str), already loaded into the process.
+    return OpLibrary(built, name) if isinstance(built, str) else built
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,13 +16,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from . import trees
+from . import jit, trees
 
 
 @dataclass(frozen=True)
 class Mutant:
     name: str  # short id, e.g. 'no-grid-stride'
-    file: str  # solution file to change, e.g. 'scale.cu'
+    file: str  # solution file to change, e.g. 'scale.cu' ('../06-fused-elementwise/forward.cu': a dependency's)
     old: str  # text that must occur exactly once in that file
     new: str  # what replaces it: the planted bug
     tests: str  # pytest -k expression selecting the tests that must catch it
@@ -35,26 +35,35 @@ class Mutant:
 def plant(lab: trees.Lab, root: trees.Path, edits: list[tuple[str, str, str]], source: str = "solutions") -> trees.Path:
     """A submission folder `root` (laid out like labs/) holding `lab` copied from the `source`
     tree, with each (file, old, new) edit applied; `old` must occur exactly once in its file.
+    A lab that compiles other labs' sources (its depends.txt: lab 09) gets those lab folders
+    beside it, and an edit may name one of their files from the lab's folder
+    ("../06-fused-elementwise/forward.cu").
 
     A folder that already holds exactly these files is left as it is: its files keep their times, so
     the JIT build of an earlier run of the same submission is still up to date (ninja rebuilds what
     is newer than its objects) and grading it again does not compile again."""
-    folder = root / lab.name
+    source_dir = lab.dir_in(trees.resolve_tree(source))
+    names = [lab.name, *(dep.name for dep in jit.lab_dependencies(source_dir))]
     staging = root.parent / f".{root.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(lab.dir_in(trees.resolve_tree(source)), staging / lab.name)
+    for name in names:
+        shutil.copytree(source_dir.parent / name, staging / name)
     for file, old, new in edits:
-        target = staging / lab.name / file
+        target = (staging / lab.name / file).resolve()
+        if not target.is_relative_to(staging.resolve()) or not target.is_file():
+            shutil.rmtree(staging)
+            raise AssertionError(f"{root.name}: {file} is not a file of {lab.name} or of a lab it depends on")
         text = target.read_text()
         count = text.count(old)
         if count != 1:
             shutil.rmtree(staging)
             raise AssertionError(f"{root.name}: {old!r} occurs {count} times in {file}, not once")
         target.write_text(text.replace(old, new))
-    if not (folder.is_dir() and _files(folder) == _files(staging / lab.name)):
-        shutil.rmtree(folder, ignore_errors=True)
-        root.mkdir(parents=True, exist_ok=True)
-        (staging / lab.name).rename(folder)
+    for name in names:  # only a folder whose files changed is replaced: the others keep their times
+        if not ((root / name).is_dir() and _files(root / name) == _files(staging / name)):
+            shutil.rmtree(root / name, ignore_errors=True)
+            root.mkdir(parents=True, exist_ok=True)
+            (staging / name).rename(root / name)
     shutil.rmtree(staging)
     return root
 
