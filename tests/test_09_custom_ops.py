@@ -42,7 +42,7 @@ import torch
 
 import harness
 from harness import build as lab_build
-from harness import perf, random_tensor, requires_gpu, trees
+from harness import notebooks, perf, random_tensor, requires_gpu, trees
 from harness.check import GradeFailure, first_line, run_student, skip_without_two_gpus
 
 LAB = harness.lab("09")
@@ -907,6 +907,9 @@ _FLASH_RECOMPUTES_LSE = """\
         _o, lse = ops.flash_attention(q, k, v, ctx.causal, ctx.scale)  # the forward again, for lse
 """
 _VECTOR_LAUNCH = "<<<blocks_for(n / kElems), kThreadsPerBlock, 0, stream>>>(x, bias, y, n / kElems, cols / kElems);"
+# The notebook: committed clean (any machine), and run top to bottom on a GPU.
+test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
+
 MUTANTS = [
     # The fake's lse (batch, seqlen_q, heads_q) instead of (batch, heads_q, seqlen_q): torch.compile would plan every
     # later op with the wrong shape. Caught without a GPU (FakeTensorMode against the lab's shapes), and on a GPU by

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/09-custom-ops/ops.cpp by `./course labs` [lab-hash 6a209db32f5d].
+// Lab skeleton generated from solutions/09-custom-ops/ops.cpp by `./course labs` [lab-hash ed09f23d88be].
 // Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 09: lessons 06-08's ops registered with PyTorch's dispatcher. No pybind11 here: loading the
@@ -29,8 +29,9 @@
 #ifndef COURSE_OPS_NAMESPACE
 #define COURSE_OPS_NAMESPACE TORCH_EXTENSION_NAME
 #endif
-// TORCH_LIBRARY pastes its namespace argument into names (##) and quotes it (#), which would take
-// the macro's own name, not its value: one more macro level expands it first.
+// Torch before 2.11 quoted TORCH_LIBRARY's namespace argument with #ns, which takes a macro's own
+// name, not its value (2.11 expands it first: lesson 09, section 3). One more macro level expands it
+// on every version.
 #define COURSE_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 #define COURSE_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 

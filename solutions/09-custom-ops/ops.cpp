@@ -26,8 +26,9 @@
 #ifndef COURSE_OPS_NAMESPACE
 #define COURSE_OPS_NAMESPACE TORCH_EXTENSION_NAME
 #endif
-// TORCH_LIBRARY pastes its namespace argument into names (##) and quotes it (#), which would take
-// the macro's own name, not its value: one more macro level expands it first.
+// Torch before 2.11 quoted TORCH_LIBRARY's namespace argument with #ns, which takes a macro's own
+// name, not its value (2.11 expands it first: lesson 09, section 3). One more macro level expands it
+// on every version.
 #define COURSE_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 #define COURSE_TORCH_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
 
