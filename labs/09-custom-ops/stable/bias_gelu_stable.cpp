@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/09-custom-ops/stable/bias_gelu_stable.cpp by `./course labs` [lab-hash e701e4f89190].
+// Lab skeleton generated from solutions/09-custom-ops/stable/bias_gelu_stable.cpp by `./course labs` [lab-hash 960ffc096aec].
 // Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lesson 06's fused bias + GELU forward as a PyTorch operator built against LibTorch's stable ABI:
@@ -24,7 +24,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -53,19 +52,15 @@ std::string dtype_name(ScalarType dtype) {
 }
 
 // "torch.float32 tensor of shape [2, 3] on cuda:0": c10's DeviceTypeName is not header-only either.
+// Numbers go through std::to_string, never an ostringstream: include/course/torch_op.h says why (an
+// integer written to a stream from an extension crashed the GPU box; this op's checks did, 2026-11-26).
 std::string describe(const Tensor& t) {
-  std::ostringstream text;
-  text << dtype_name(t.scalar_type()) << " tensor of shape [";
-  for (int64_t d = 0; d < t.dim(); ++d) text << (d ? ", " : "") << t.size(d);
-  text << "] on ";
-  if (t.is_cuda()) {
-    text << "cuda:" << t.get_device_index();
-  } else if (t.is_cpu()) {
-    text << "cpu";
-  } else {
-    text << "device type " << static_cast<int>(t.device().type());
-  }
-  return text.str();
+  std::string text = dtype_name(t.scalar_type()) + " tensor of shape [";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  text += "] on ";
+  if (t.is_cuda()) return text + "cuda:" + std::to_string(t.get_device_index());
+  if (t.is_cpu()) return text + "cpu";
+  return text + "device type " + std::to_string(static_cast<int>(t.device().type()));
 }
 
 GeluForm parse_approximate(std::string_view approximate) {
@@ -95,8 +90,8 @@ void check_inputs(const Tensor& x, const Tensor& bias) {
                   describe(x));
   const int64_t channels = x.size(x.dim() - 1);
   STD_TORCH_CHECK(bias.dim() == 1 && bias.size(0) == channels, kOp,
-                  ": bias must have shape [C] with C = x.size(-1) = ", channels, ", got bias ", describe(bias),
-                  " for x ", describe(x));
+                  ": bias must have shape [C] with C = x.size(-1) = ", std::to_string(channels), ", got bias ",
+                  describe(bias), " for x ", describe(x));
   // Refused, not copied, for lesson 06's reason: a hidden x.contiguous() doubles the bytes moved.
   STD_TORCH_CHECK(x.is_contiguous(), kOp, ": x must be contiguous, got ", describe(x),
                   "; call x.contiguous() first (this op does not copy it for you: a hidden copy would double the "
