@@ -231,7 +231,8 @@ def test_stable_matches_gelu_on_gpu(shape, dtype, approximate):
 
 @requires_gpu
 def test_stable_input_checks_on_gpu():
-    """The host function's checks, written with STD_TORCH_CHECK: each names the problem."""
+    """The host function's checks (COURSE_STABLE_CHECK, a string-only STD_TORCH_CHECK): each names the problem,
+    and raises instead of crashing the process (STD_TORCH_CHECK itself did, on the GPU box)."""
     stable_ops()
     op = torch.ops.course_stable.bias_gelu
     x = torch.randn(4, 8, device="cuda")
