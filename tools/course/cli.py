@@ -341,7 +341,7 @@ def cmd_sanitize(args) -> int:
               "that on PATH) and a GPU the driver sees (nvidia-smi -L); "
               f"this machine has {'no GPU' if shutil.which('compute-sanitizer') else 'no compute-sanitizer on PATH'}")
         return 2
-    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools)
+    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, select=args.select)
     report.print_sanitizer(lab.name, impl, rows)
     if args.json:
         report.write_json(Path(args.json), {"lab": lab.name, "impl": impl, "tools": rows})
@@ -539,6 +539,9 @@ def main(argv=None) -> int:
     p.add_argument("lab")
     p.add_argument("--impl", default="labs", help=impl_help)
     p.add_argument("--tool", action="append", choices=sanitizer.SANITIZER_TOOLS, help="only this tool (repeatable)")
+    p.add_argument("-k", dest="select", metavar="EXPR",
+                   help="only the correctness cases pytest -k selects (e.g. -k '113x203 and flash_forward'): a failing "
+                   "case under the tools in seconds instead of the whole lab")
     p.add_argument("--json", help="write the findings as JSON here")
     p = add("profile", "a lab's kernels under Nsight Compute: one table per kernel (throughput as % of peak, sectors "
             "per request, bank conflicts, occupancy and its limiter, top stalls); --sass: their memory and MMA "

@@ -50,14 +50,16 @@ def sanitizer_available() -> bool:
 
 
 def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
-             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False) -> list[dict]:
+             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False,
+             select: str | None = None) -> list[dict]:
     """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool.
     `label_prefix` keeps the logs of concurrent runs apart (build/logs/PREFIXsanitize-NN-TOOL.log).
 
     The tools run at once, each its own process: none of the cases is timed, so they share the GPU harmlessly,
     and the pass takes about as long as its slowest tool instead of the sum (lab 06's quick pass: 24 s against
     14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 10 minutes).
-    The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases)."""
+    The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases); `select`, a pytest
+    -k expression, narrows it further (./course sanitize -k)."""
     exclude = None if quick else excluded_cases(test_file)
 
     def one_tool(tool: str) -> dict:
@@ -68,6 +70,8 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
         selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
         if exclude:
             selection = [*selection[:-1], f"{selection[-1]} and not ({exclude})"]
+        if select:
+            selection = [*selection[:-1], f"{selection[-1]} and ({select})"]
         result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
                             deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
                             quiet=quiet or quick)
@@ -85,7 +89,8 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
                 "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]}
 
     if not quiet:
-        what = "the quick pass" if quick else "every correctness case" + (f" but ({exclude})" if exclude else "")
+        what = ("the quick pass" if quick else "every correctness case" + (f" but ({exclude})" if exclude else "")
+                + (f" that -k '{select}' selects" if select else ""))
         print(f"[course] {label_prefix}sanitize-{lab_number}: {what}, {', '.join(tools)} at once ...", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(tools)) as pool:
         return list(pool.map(one_tool, tools))
