@@ -993,7 +993,8 @@ def test_auto_takes_on_chip_where_it_runs(op):
         run = ((lambda path: LAB.module.softmax_backward(grad_y, y, path=path)) if backward
                else (lambda path: LAB.module.softmax(x, path=path)))
         expected = taken_path(op, n, FP32, "auto")
-        assert torch.equal(run("auto"), run(expected)), (
+        # Bits, NaN included (an unfinished merge may give NaN, the same NaN on both paths).
+        assert torch.equal(run("auto").view(torch.int32), run(expected).view(torch.int32)), (
             f"{op} of x 3x{n} float32: path='auto' gives other bits than path={expected!r}, the path this GPU "
             f"should take (it keeps rows of up to {on_chip_row(FP32, backward)} float32 elements on chip)\n  hint: "
             "the launcher picks registers when the row fits, else on_chip where softmax_on_chip_row<T>() takes the "
