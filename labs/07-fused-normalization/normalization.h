@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/normalization.h by `./course labs` [lab-hash 3639f41f8ab8].
+// Lab skeleton generated from solutions/07-fused-normalization/normalization.h by `./course labs` [lab-hash db265cfe8849].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's kernel launchers: plain pointers, sizes and a stream, no torch types, so the kernel
@@ -165,9 +165,8 @@ static_assert(kClusterBlocks <= 8, "a portable cluster size: at most 8 blocks");
 // column in that order. At most kMaxPartialRows chunks. The backward's blocks are long-lived (a
 // chunk of rows each), so they should all be resident at once: a second wave of them that fills
 // part of the GPU leaves the other SMs idle while it runs. 256 blocks fit one wave at 2 resident
-// blocks per SM on 132 SMs (H100, H200): ptxas gives the register kernel 126 registers a thread
-// for float32 rows of 8192 and 116 for bfloat16 rows of 4096, two rows a step (rms_norm.cu), at
-// most 128 on purpose: 2 blocks of 256 threads an SM (sm_90a).
+// blocks per SM on 132 SMs (H100, H200): ptxas gives the register kernel 128 registers a thread
+// for float32 rows of 8192 (2 blocks of 256 threads an SM) and 80 for bfloat16 rows of 4096 (3).
 // The partials are then 256 x 8192 x 4 bytes = 8 MB at (8192, 8192) float32, written once and read
 // once, against the 768 MB the backward moves (2%). (Not measured against 512 or 1024 chunks.)
 constexpr int64_t kMaxPartialRows = 256;

@@ -122,91 +122,12 @@ void launch_rms_norm_forward(const T* x, const T* weight, T* y, Compute<T>* rstd
       });
 }
 
-// --8<-- [start:backward_step]
-// The backward's register kernel takes kRows rows a step (issue 13). One row a step (the kernel
-// before issue 13), a block per row: the threads load their slices of grad_y and x, all-reduce the
-// row's dot over the block, then compute grad_x from registers and store it. Nothing is in flight
-// while the block waits at the reduction's barriers (block_all_reduce has two), and the next row's
-// loads start only after them. Two rows a step: both rows' loads are issued before the reduction, 2
-// rows x 2 operands x 32 bytes = 128 bytes in flight a thread at 16 bfloat16 elements a thread (one
-// row: 64), and the two dots are reduced at once, a pair of floats, behind one barrier
-// (row_all_reduce_alternating): one barrier per two rows. The arithmetic and the order of every
-// addition are those of one row a step, so grad_x and grad_weight keep their bits. Measured with
-// tools/gpu/probe/lab07_rms_bwd.py on an H200 at (8, 4096, 4096) bfloat16 (tools/gpu/NOTES.md, lab
-// 07): the backward 0.2141 ms, 89.0% of copy, against one row a step's 0.2624 ms, 72.6%; forward +
-// backward 1.198x torch.compile of the composition, against 1.047x.
-// Two rows where a block takes the row (a warp per row has no barrier to save; not measured) and
-// a thread holds at most 64 bytes of each operand in the compute type (8 or 16 floats, 8 doubles):
-// two rows of grad_y and x and the column sums are then 5 x 64 bytes, 80 registers of data, fewer
-// than one row of 32 floats holds (3 x 128 bytes: 96). Registers a thread, ptxas 13.0
-// (`./course build 07 -v`), two rows a step, sm_90a / sm_80 / sm_75, no spills (one row a step,
-// sm_90a, in brackets):
-//   16 a thread, 16-byte loads   bfloat16 116 / 116 / 114 (80), half 116 / 116 / 116 (78),
-//                                float 122 / 122 / 128 (80)
-//   8 a thread, 16-byte loads    bfloat16 75 / 73 / 73 (56), float 64 / 64 / 64 (56),
-//                                double 122 / 121 / 122 (96)
-//   scalar loads (odd n)         at most 121 (double, 8 a thread)
-// At most 128: two blocks of 256 threads an SM still fit its 65536 registers, the one wave of
-// kMaxPartialRows blocks that normalization.h counts on.
-template <typename T, int kRowThreads, int kElemsPerThread>
-constexpr int kBackwardRowsPerStep =
-    kRowThreads == kThreadsPerBlock && kElemsPerThread * sizeof(Compute<T>) <= 64 ? 2 : 1;
-
-// The step's dots, one per row, all-reduced together: the shuffles and the shared-memory slots of
-// a lone float, once per row, in the same order, so each row's dot has the bits of its own reduction.
-template <typename F, int kRows>
-struct RowDots {
-  F v[kRows];
-};
-template <typename F, int kRows>
-struct SumRowDots {
-  __device__ static RowDots<F, kRows> identity() { return {}; }  // zeros
-  __device__ RowDots<F, kRows> operator()(RowDots<F, kRows> a, RowDots<F, kRows> b) const {
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) a.v[k] += b.v[k];
-    return a;
-  }
-};
-template <typename F, int kRows>
-__device__ __forceinline__ RowDots<F, kRows> shfl_xor(RowDots<F, kRows> d, int offset) {
-#pragma unroll
-  for (int k = 0; k < kRows; ++k) d.v[k] = shfl_xor(d.v[k], offset);
-  return d;
-}
-
-// row_all_reduce with one barrier, where block_all_reduce has two: its second keeps the next
-// call's stores out of the slots that this call's reads may still need. Here consecutive steps use
-// two sets of slots, by the step's parity: a thread that stores into a set again, two steps on,
-// has passed the barrier of the step between, which each thread reaches after its reads. The same
-// operations in the same order as row_all_reduce: the same bits. Every thread of the block calls
-// it, once a step.
-template <int kRowThreads, typename V, typename Op>
-__device__ __forceinline__ V row_all_reduce_alternating(V value, Op op, int64_t step) {
-  if constexpr (kRowThreads == kWarpSize) {
-    return warp_all_reduce(value, op);
-  } else {
-    static_assert(kRowThreads == kThreadsPerBlock, "a warp or the whole block per row");
-    constexpr int kWarps = kRowThreads / kWarpSize;
-    __shared__ V warp_results[2][kWarps];
-    const int parity = static_cast<int>(step & 1);
-    const int lane = threadIdx.x % kWarpSize;
-    value = warp_all_reduce(value, op);
-    if (lane == 0) warp_results[parity][threadIdx.x / kWarpSize] = value;
-    __syncthreads();  // every warp's result is in shared memory before any warp reads them
-    return warp_all_reduce(lane < kWarps ? warp_results[parity][lane] : Op::identity(), op);
-  }
-}
-// --8<-- [end:backward_step]
-
 // --8<-- [start:backward]
 // The register path of the backward. Block b owns rows [b rows_per_chunk, (b + 1) rows_per_chunk)
 // (the grid is grad_weight_chunks(rows) blocks); its kRowsPerBlock row groups take every
-// kRowsPerBlock-th of them, kRows at a time: the step of group g that starts at row `first` takes
-// rows first, first + kRowsPerBlock, ..., the rows it would take one at a time, in the same order.
-// A step at the chunk's end may have fewer (a chunk of an odd number of rows, two a step): the rows
-// past chunk_end are not loaded, add nothing and are not stored. A thread's slice covers the same
-// columns in every row, so it sums grad_y * x * rstd of its columns over its rows in registers,
-// and the block writes one row of partials at the end.
+// kRowsPerBlock-th of them. A thread's slice covers the same columns in every row, so it sums
+// grad_y * x * rstd of its columns over its rows in registers, and the block writes one row of
+// partials at the end.
 template <typename T, int kRowThreads, int kElemsPerThread, int kElems>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rms_norm_backward_registers_kernel(const T* __restrict__ grad_y, const T* __restrict__ x,
@@ -216,68 +137,42 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   using C = Compute<T>;
   using Slice = RowSlice<T, kRowThreads, kElemsPerThread, kElems>;
   constexpr int kRowsPerBlock = kThreadsPerBlock / kRowThreads;
-  constexpr int kRows = kBackwardRowsPerStep<T, kRowThreads, kElemsPerThread>;  // rows a step
   const int t = threadIdx.x % kRowThreads;
   const int group = threadIdx.x / kRowThreads;
   const int64_t chunk = blockIdx.x;
   const int64_t chunk_end = (chunk + 1) * rows_per_chunk < rows ? (chunk + 1) * rows_per_chunk : rows;
   C sums[Slice::kPacks][kElems] = {};  // this thread's columns: sum of grad_y * x * rstd over its rows
-  int64_t step = 0;
-  for (int64_t first = chunk * rows_per_chunk + group; first < chunk_end;
-       first += int64_t{kRows} * kRowsPerBlock, ++step) {
-    // This step's rows: kRows, or fewer at the chunk's end (the same for all the threads of a row).
-    const int64_t rows_left = course::ceil_div<int64_t>(chunk_end - first, kRowsPerBlock);  // the group's, >= 1
-    const int step_rows = rows_left < kRows ? static_cast<int>(rows_left) : kRows;
-    Slice gs[kRows], xs[kRows];  // 0 past the row's end: nothing to the dot or to the sums
-    C r[kRows];
+  for (int64_t row = chunk * rows_per_chunk + group; row < chunk_end; row += kRowsPerBlock) {
+    Slice gs, xs;  // 0 past the row: nothing to the dot or to the sums
+    gs.load(grad_y + row * n, n, t, C(0));
+    xs.load(x + row * n, n, t, C(0));
+    const C r = rstd[row];
+    // SOLUTION BEGIN lab07.5: for each column < n of the slice (weight: one Pack<T, kElems> at weight +
+    //   Slice::column(j, t)): add grad_y * x * r to sums, then make gs.v the product g = weight * grad_y and add
+    //   g * x to the row's dot (row_all_reduce<kRowThreads>, SumOp<C>); then gs.v = r * g - (r^3 dot / n) * x
+    //   (gs is stored to grad_x for you)
+    C dot = 0;
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      if (k >= step_rows) continue;
-      const int64_t row = first + int64_t{k} * kRowsPerBlock;
-      gs[k].load(grad_y + row * n, n, t, C(0));
-      xs[k].load(x + row * n, n, t, C(0));
-      r[k] = rstd[row];
-    }
-    RowDots<C, kRows> dots = {};  // dots.v[k]: row k's sum of g * x
-    // SOLUTION BEGIN lab07.5: for each row k < step_rows and each column < n of its slice (weight: one
-    //   Pack<T, kElems> at weight + Slice::column(j, t)): add grad_y * x * r[k] to sums, then make gs[k].v the
-    //   product g = weight * grad_y and add g * x to dots.v[k]
+    for (int j = 0; j < Slice::kPacks; ++j) {
+      const int64_t col = Slice::column(j, t);
+      if (col >= n) continue;
+      const Pack<T, kElems> w = *reinterpret_cast<const Pack<T, kElems>*>(weight + col);
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      if (k >= step_rows) continue;
-#pragma unroll
-      for (int j = 0; j < Slice::kPacks; ++j) {
-        const int64_t col = Slice::column(j, t);
-        if (col >= n) continue;
-        const Pack<T, kElems> w = *reinterpret_cast<const Pack<T, kElems>*>(weight + col);
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) {
-          sums[j][e] += gs[k].v[j][e] * xs[k].v[j][e] * r[k];  // unrounded: grad_weight rounds once, in the finalize
-          gs[k].v[j][e] *= to_compute(w.v[e]);                 // g = weight * grad_y
-          dots.v[k] += gs[k].v[j][e] * xs[k].v[j][e];
-        }
+      for (int e = 0; e < kElems; ++e) {
+        sums[j][e] += gs.v[j][e] * xs.v[j][e] * r;  // unrounded: grad_weight rounds once, in the finalize
+        gs.v[j][e] *= to_compute(w.v[e]);           // g = weight * grad_y
+        dot += gs.v[j][e] * xs.v[j][e];
       }
     }
-    // SOLUTION END
-    // Every thread, once a step, whatever step_rows is: the block's barrier is in it.
-    dots = row_all_reduce_alternating<kRowThreads>(dots, SumRowDots<C, kRows>{}, step);
-    // SOLUTION BEGIN lab07.5: for each row k < step_rows, with its whole-row dots.v[k]: gs[k].v = r * g -
-    //   (r^3 dot / n) * x, r = r[k] (gs is stored to grad_x for you)
+    dot = row_all_reduce<kRowThreads>(dot, SumOp<C>{});
+    const C c = r * r * r * (dot / C(n));  // rstd^3 mean(g x)
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      if (k >= step_rows) continue;
-      const C c = r[k] * r[k] * r[k] * (dots.v[k] / C(n));  // rstd^3 mean(g x)
+    for (int j = 0; j < Slice::kPacks; ++j) {
 #pragma unroll
-      for (int j = 0; j < Slice::kPacks; ++j) {
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) gs[k].v[j][e] = r[k] * gs[k].v[j][e] - c * xs[k].v[j][e];
-      }
+      for (int e = 0; e < kElems; ++e) gs.v[j][e] = r * gs.v[j][e] - c * xs.v[j][e];
     }
     // SOLUTION END
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      if (k < step_rows) gs[k].store(grad_x + (first + int64_t{k} * kRowsPerBlock) * n, n, t);
-    }
+    gs.store(grad_x + row * n, n, t);
   }
 
   // The block's column sums -> partials[chunk, :]. Its kRowsPerBlock row groups (8 warps, or 1
