@@ -72,6 +72,10 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
             selection = [*selection[:-1], f"{selection[-1]} and not ({exclude})"]
         if select:
             selection = [*selection[:-1], f"{selection[-1]} and ({select})"]
+        # A line a test in the log (the runner's -q prints dots, and a line of dots reaches the log only when it
+        # ends), and the slowest tests at the end: lab 08's pass printed nothing at all in 320 s on an H200, and its
+        # log could not say whether one test or all of them were slow under the tools.
+        selection = [*selection, "-v", "-v", "--durations=15"]
         result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
                             deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
                             quiet=quiet or quick)
