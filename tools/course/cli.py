@@ -453,7 +453,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, help_text, fn):
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        # argparse %-formats a subcommand's help in the top-level --help (a literal "% of peak" crashed it); the
+        # description is printed as written.
+        p = sub.add_parser(name, help=help_text.replace("%", "%%"), description=help_text)
         p.set_defaults(fn=fn)
         return p
 
