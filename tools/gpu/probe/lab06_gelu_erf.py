@@ -1,6 +1,7 @@
 """Lab 06, bfloat16 bias + GELU (erf form), (8192, 8192): variants that cut the instructions per element.
 
-    python3 tools/gpu/probe/lab06_gelu_erf.py [--build-only | --fit | --print-cuda]   (JSON: $OUT/lab06-gelu-erf.json)
+    python3 tools/gpu/probe/lab06_gelu_erf.py [--build-only | --fit | --print-cuda | --emulate LO HI [AMP] [fold]]
+    (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, tools/gpu/probe/lab06_gelu_fit.md)
 
 Why: issue 12 asks >= 0.90x copy forward and backward; the lab's bf16 erf kernels reach 0.81-0.85x / 0.86-0.89x on an
 H100, at 38 / 47 warp instructions per element with the issue slots 76-78% busy (ncu, tools/gpu/NOTES.md). The lab's
@@ -374,8 +375,131 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sweep", &sweep);
 }
 """
+
+# ---- CPU emulation (`--emulate`, no GPU): tools/gpu/probe/lab06_gelu_fit.md. Every float32 operation of the
+# exp2 formulas and of the lab's erf form (transcribed from nvcc 13.0 -O3 sm_90a PTX of gelu<kErf> / gelu_grad<kErf>,
+# erff inlined) in float64 holding float32 values: products of two float32 are exact in float64; an FMA's sum is
+# rounded once to float64 and then to float32, and the one case where that double rounding can differ from fmaf (the
+# float64 sum exactly halfway between two float32) is redone with the exact TwoSum error. ex2.approx is modelled as
+# the correctly rounded 2^x plus a relative error uniform in +-amp ulp (a hash of x), 2^k exact for integer k, .ftz.
+def emulate(lo: int, hi: int, tail=None, amp: float = 0.0, fold: bool = False, chunk: int = 1 << 22):
+    """Counts over the float32 bit patterns [lo, hi): {formula region: [off, worst steps, worst |float - float64|]}
+    for the exp2 GELU / GELU' with coefficients `tail` (fold: c0 = -1 moved into the final FMA, y = fma(-|u|/2, 2h,
+    max(u, 0)), one FMUL more) and the lab's erf form."""
+    import numpy as np
+    f32, f64 = np.float32, np.float64
+    r = lambda x: x.astype(f32).astype(f64)  # noqa: E731
+
+    def fma(a, b, c):
+        p = np.asarray(a, f64) * b
+        s = p + c
+        out = s.astype(f32)
+        mid = np.nonzero((s.view(np.int64) & 0x1FFFFFFF) == 0x10000000)[0]
+        if mid.size:
+            pp, cc, ss = np.broadcast_to(p, s.shape)[mid], np.broadcast_to(c, s.shape)[mid], s[mid]
+            bb = ss - pp
+            e = (pp - (ss - bb)) + (cc - bb)
+            k = e != 0
+            out[mid[k]] = np.nextafter(ss[k], np.where(e[k] > 0, np.inf, -np.inf)).astype(f32)
+        tiny = np.abs(s) < 2.0 ** -126  # float32-subnormal results: the sum is exact here (c = 0 or cancellation)
+        out[tiny] = s[tiny].astype(f32)
+        return out.astype(f64)
+
+    def ex2(x, ftz=True):
+        y64 = np.exp2(x)
+        y = y64.astype(f32)
+        if amp:
+            h = x.astype(f32).view(np.uint32).astype(np.uint64) * np.uint64(2654435761)
+            h = (h >> np.uint64(7)) & np.uint64(0xFFFF)
+            y = (y64 + amp * (h.astype(f64) / 65535.0 * 2 - 1) * np.spacing(y).astype(f64)).astype(f32)
+        y = y.astype(f64)
+        k = x == np.round(x)
+        y[k] = y64[k]
+        if ftz:
+            y[y < 2.0 ** -126] = 0.0
+        return y
+
+    def exp2_both(u, c):
+        c = [float(np.float32(x)) for x in c]
+        if fold:
+            c[0] = 0.0
+        u2, v = r(u * u), np.minimum(np.abs(u), 6.0)
+        g = np.full_like(u, c[-1])
+        for k in range(len(c) - 2, -1, -1):
+            g = fma(g, v, c[k])
+        h = ex2(fma(u2, float(f32(-0.72134752044448170)), g))
+        y = fma(-r(np.minimum(np.abs(u), 3.0e38) * 0.5), h, np.maximum(u, 0.0)) if fold else \
+            fma(-np.minimum(np.abs(u), 3.0e38), h, np.maximum(u, 0.0))
+        if fold:
+            h = h * 0.5
+        t = np.where(u >= 0, r(1.0 - h), h)
+        return y, fma(u, ex2(fma(u2, float(f32(-0.72134752044448170)), float(f32(-1.32574806473615930)))), t)
+
+    bits = lambda x: float(np.uint32(x).view(f32))  # noqa: E731
+    big_c = [bits(x) for x in (0x38EB4C3A, 0xBAAE005B, 0x3C09919F, 0xBD24D99A, 0x3E235519, 0x3F69B4F9, 0x3F210A14)]
+    small_c = [bits(x) for x in (0x38B1E96A, 0xBA574D20, 0x3BAAD5EA, 0xBCDC1BE7, 0x3DE718AF, 0xBEC093AC, 0x3E0375D3)]
+
+    def lab_both(u):
+        t = r(u * bits(0x3F3504F3))
+        a = np.abs(t)
+        big = a >= bits(0x3F8060FE)
+        x = np.where(big, a, r(t * t))
+        p = np.where(big, big_c[0], small_c[0])
+        for k in range(1, 7):
+            p = fma(p, x, np.where(big, big_c[k], small_c[k]))
+        s = np.where(big, -a, t)
+        e = fma(p, s, s)
+        e[big] = np.copysign(r(1.0 - ex2(e[big])), t[big])
+        p1 = r(e + 1.0)
+        dens = r(ex2(r(r(u * r(u * -0.5)) * bits(0x3FB8AA3B)), ftz=False) * bits(0x3ECC422A))
+        return r(r(u * 0.5) * p1), fma(p1, 0.5, r(u * dens))
+
+    def bf16(f):  # float32 bits, round to nearest even
+        b = f.astype(f32).view(np.uint32)
+        return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+
+    def bf16_64(d):  # correctly rounded: toward zero to float32 with a sticky bit, then to nearest even
+        b = d.astype(f32).view(np.uint32).copy()
+        b[np.abs(b.view(f32).astype(f64)) > np.abs(d)] -= np.uint32(1)
+        b[b.view(f32).astype(f64) != d] |= np.uint32(1)
+        return bf16(b.view(f32))
+
+    def ordinal(b):
+        b = b.astype(np.int64)
+        return np.where(b & 0x8000, -(b & 0x7FFF), b)
+
+    acc: dict = {}
+    for start in range(lo, hi, chunk):
+        u = np.arange(start, min(hi, start + chunk), dtype=np.uint64).astype(np.uint32).view(f32).astype(f64)
+        u = u[np.isfinite(u)]
+        phi = 0.5 * torch.special.erfc(torch.from_numpy(-u * 0.70710678118654752440)).numpy()
+        want = (u * phi, phi + u * np.exp(-0.5 * u * u) * 0.39894228040143267794)
+        region = np.where(u >= 0, 0, np.where(u >= -5.5, 1, 2))
+        for name, got in (("lab", lab_both(u)), ("exp2", exp2_both(u, tail) if tail is not None else None)):
+            if got is None:
+                continue
+            for f, g, w in zip(("gelu", "gelu'"), got, want):
+                steps, err = np.abs(ordinal(bf16(g)) - ordinal(bf16_64(w))), np.abs(g - w)
+                for k in range(3):
+                    m = region == k
+                    if m.any():
+                        cell = acc.setdefault(f"{name} {f} {REGIONS[k]}", [0, 0, 0.0])
+                        cell[0] += int((steps[m] != 0).sum())
+                        cell[1] = max(cell[1], int(steps[m].max()))
+                        cell[2] = max(cell[2], float(err[m].max()))
+    return acc
+
+
 if "--print-cuda" in sys.argv:
     sys.exit(print(CUDA))
+if "--emulate" in sys.argv:  # --emulate LO HI [AMP] [fold]: bit patterns as hex, kTail10 (the CUDA source's)
+    import re
+    args = sys.argv[sys.argv.index("--emulate") + 1:]
+    block = re.search(r"kTail10\[11\] = \{([^}]*)\}", CUDA).group(1)
+    tail10 = [float.fromhex(x.strip()[:-1]) for x in block.split(",")]
+    print(json.dumps(emulate(int(args[0], 16), int(args[1], 16), tail10, float(args[2]) if len(args) > 2 else 0.0,
+                             "fold" in args)))
+    sys.exit(0)
 if "--fit" in sys.argv:
     for deg in (10, 9):
         coef, err = fit_tail(deg)
