@@ -18,17 +18,17 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
 # inside a graph capture, so that test would fail for a reason unrelated to the kernel.
 _SANITIZE_MARKERS, _SANITIZE_KEYWORDS = "not perf and not large", "not notebook and not current_stream"
-SANITIZE_SELECTION = ["-m", _SANITIZE_MARKERS, "-k", _SANITIZE_KEYWORDS]
+SANITIZE_MARKERS = _SANITIZE_MARKERS
 # initcheck appears not to see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
 # every read of lab 05's wgmma outputs as uninitialized, while the same cases pass with their
 # outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
 # under the other three tools only.
-INITCHECK_SELECTION = ["-m", f"{_SANITIZE_MARKERS} and not tma_output", "-k", _SANITIZE_KEYWORDS]
+INITCHECK_MARKERS = f"{_SANITIZE_MARKERS} and not tma_output"
 # The quick pass `./course grade` runs by default on a GPU: the grader's SANITIZE_CASES (a few small
 # edge cases per kernel, marker `sanitize`) under the three tools that find what a comparison misses:
 # out-of-bounds accesses (memcheck), shared-memory races (racecheck), barriers in divergent code (synccheck).
 QUICK_TOOLS = ("memcheck", "racecheck", "synccheck")
-QUICK_SELECTION = ["-m", f"sanitize and {_SANITIZE_MARKERS}", "-k", _SANITIZE_KEYWORDS]
+QUICK_MARKERS = f"sanitize and {_SANITIZE_MARKERS}"
 # PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
 # just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
 # caching every tensor is its own allocation, and memcheck catches an access one element out.
@@ -57,25 +57,23 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
 
     The tools run at once, each its own process: none of the cases is timed, so they share the GPU harmlessly,
     and the pass takes about as long as its slowest tool instead of the sum (lab 06's quick pass: 24 s against
-    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 10 minutes).
+    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 8 minutes, memcheck alone past 7).
     The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases); `select`, a pytest
     -k expression, narrows it further (./course sanitize -k)."""
     exclude = None if quick else excluded_cases(test_file)
+    keywords = (_SANITIZE_KEYWORDS + (f" and not ({exclude})" if exclude else "")
+                + (f" and ({select})" if select else ""))
 
     def one_tool(tool: str) -> dict:
         label = f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
-        selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
-        if exclude:
-            selection = [*selection[:-1], f"{selection[-1]} and not ({exclude})"]
-        if select:
-            selection = [*selection[:-1], f"{selection[-1]} and ({select})"]
+        markers = QUICK_MARKERS if quick else INITCHECK_MARKERS if tool == "initcheck" else SANITIZE_MARKERS
         # A line a test in the log (the runner's -q prints dots, and a line of dots reaches the log only when it
         # ends), and the slowest tests at the end: lab 08's pass printed nothing at all in 320 s on an H200, and its
         # log could not say whether one test or all of them were slow under the tools.
-        selection = [*selection, "-v", "-v", "--durations=15"]
+        selection = ["-m", markers, "-k", keywords, "-v", "-v", "--durations=15"]
         result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
                             deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
                             quiet=quiet or quick)
