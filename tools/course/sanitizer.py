@@ -57,7 +57,8 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
 
     The tools run at once, each its own process: none of the cases is timed, so they share the GPU harmlessly,
     and the pass takes about as long as its slowest tool instead of the sum (lab 06's quick pass: 24 s against
-    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 8 minutes, memcheck alone past 7).
+    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 8 minutes,
+    memcheck alone past 7).
     The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases); `select`, a pytest
     -k expression, narrows it further (./course sanitize -k)."""
     exclude = None if quick else excluded_cases(test_file)
