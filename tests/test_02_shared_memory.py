@@ -184,10 +184,12 @@ def test_transpose_past_2_31_elements(kernel, gpu_memory):
 @requires_gpu
 @pytest.mark.parametrize("kernel", kernel_params("tiled", "padded"))
 def test_transpose_repeatedly(kernel):
-    """Races show up now and then: many tiles, several runs, each compared in full."""
-    x = random_tensor((16, 1000, 1000), FP32)
-    want = transposed(x)
+    """Races show up now and then: many tiles, several runs, each compared in full, each on a fresh input.
+    The same input every run can hide a missing __syncthreads(): a warp that reads the tile before the
+    other warps have stored it finds the values an earlier run of the same input left in shared memory."""
     for attempt in range(5):
+        x = random_tensor((16, 1000, 1000), FP32)
+        want = transposed(x)
         poison_allocator(x.numel(), FP32)
         out = run(kernel, x)
         torch.cuda.synchronize()
