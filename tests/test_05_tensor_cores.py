@@ -231,6 +231,29 @@ def test_tile_config_fits_every_gpu():
         assert config["stages"] >= (3 if major >= 8 else 1), f"sm_{major}x: {config}: cp.async wants 3+ stages"
 
 
+@requires_gpu
+@harness.reference_check  # linear_act_residency and the tile sizes are given
+def test_residency_is_what_the_lesson_says():
+    """The page's section 5: __launch_bounds__(128, 1) is a minimum, not a limit; the runtime's blocks per
+    SM follow from the registers (two 128-thread blocks fit at up to 255 a thread) and each stage count's
+    shared memory. On an H100/H200 (228 KB an SM): 2 blocks at 4 and 6 stages, 1 at 8."""
+    major = torch.cuda.get_device_capability()[0]
+    rows = {stages: dict(LAB.module.residency(stages)) for stages in (4, 6, 8)}
+    for stages, r in rows.items():
+        assert r["stages"] == stages and r["threads"] == LAB.module.tile_config(major)["threads"], r
+        assert 0 < r["registers"] <= 255 and r["local_bytes"] == 0, f"{stages} stages: spills or no registers: {r}"
+        assert r["registers_only_blocks_per_sm"] >= 2, f"{stages} stages: two 128-thread blocks must fit: {r}"
+        assert r["blocks_per_sm"] <= r["registers_only_blocks_per_sm"], r
+    if major >= 8:
+        assert rows[4]["dynamic_shared_bytes"] == LAB.module.tile_config(major)["shared_bytes"], rows[4]
+        assert rows[4]["blocks_per_sm"] >= 1, rows[4]
+    if torch.cuda.get_device_capability() == (9, 0):
+        got = [rows[stages]["blocks_per_sm"] for stages in (4, 6, 8)]
+        assert got == [2, 2, 1], f"blocks per SM at 4, 6, 8 stages on sm_90: {got}, the lesson says [2, 2, 1]: {rows}"
+    with pytest.raises(RuntimeError, match="stages must be 4, 6 or 8"):
+        LAB.module.residency(5)
+
+
 # ---------------------------------------------------------------- GPU: correctness
 @requires_gpu
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))

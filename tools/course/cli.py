@@ -356,7 +356,7 @@ def cmd_profile(args) -> int:
     impl = _impl(args.impl)
     json_out = args.json
     if json_out is True:  # plain --json: the site's data, beside the benchmark JSON
-        json_out = str(ROOT / "site" / "data" / "profile" / f"{lab.name}{'-sass' if args.sass else ''}.json")
+        json_out = str(trees.PROFILE_DATA / f"{lab.name}{'-sass' if args.sass else ''}.json")
     if args.sass:
         return kernel_profile.sass(python, lab, impl, kernel=args.kernel, json_out=json_out)
     return kernel_profile.profile(python, lab, impl, kernel=args.kernel, select=args.select, baseline=args.baseline,
