@@ -295,13 +295,19 @@ def _lse_bytes(q) -> int:
     return q.shape[0] * q.shape[2] * q.shape[1] * 4
 
 
+# flash_forward's path for the rung-3 tests: the portable kernel (the student's), which path='auto' would replace
+# by the reference's Hopper kernel on an sm_90a build (flash_forward_hopper.cu).
+FORWARD_PATH = "portable"
+
+
 def forward_op(op, q, k, v, causal, scale, *, case):
     """One forward rung's (o, lse), both from a poisoned pool (the naive rung's scores workspace too)."""
     sizes = [nbytes(q), _lse_bytes(q)]
     if op == "attention_naive":
         sizes.append(q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1] * 4)
+    path = {"path": FORWARD_PATH} if op == "flash_forward" else {}
     with harness.check.PoisonedPool(large_bytes=_pool_bytes(*sizes)) as pool:
-        o, lse = getattr(LAB.module, op)(q, k, v, causal=causal, scale=scale)
+        o, lse = getattr(LAB.module, op)(q, k, v, causal=causal, scale=scale, **path)
     pool.assert_no_spill(o, name="o", case=case)
     pool.assert_no_spill(lse, name="lse", case=case)
     return o, lse
