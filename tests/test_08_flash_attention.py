@@ -54,6 +54,7 @@ lab's tile sizes (constants()).
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -295,9 +296,11 @@ def _lse_bytes(q) -> int:
     return q.shape[0] * q.shape[2] * q.shape[1] * 4
 
 
-# flash_forward's path for the rung-3 tests: the portable kernel (the student's), which path='auto' would replace
-# by the reference's Hopper kernel on an sm_90a build (flash_forward_hopper.cu).
-FORWARD_PATH = "portable"
+# flash_forward's path in the tests of rung 3 (its cases, its perf, past 2^31, peak memory): the portable kernel, the
+# student's, which path='auto' would replace by the reference's Hopper kernel (flash_forward_hopper.cu) on an sm_90a
+# build, grading code the student did not write. COURSE_FLASH_FORWARD_PATH=auto (or hopper_simple, ...) runs the
+# same tests through the Hopper path instead: issue 17's "test 08 with the Hopper path selected and disabled".
+FORWARD_PATH = os.environ.get("COURSE_FLASH_FORWARD_PATH", "portable")
 
 
 def forward_op(op, q, k, v, causal, scale, *, case):
@@ -1016,7 +1019,7 @@ def test_flash_forward_past_2_31_elements(causal, gpu_memory):
     case = (f"flash_forward of q {list(q.shape)} bfloat16 ({q.numel()} elements = 2^31 + {q.numel() - 2**31}), "
             f"{mask_name(causal)}")
     harness.poison_allocator(q.numel(), BF16)
-    o, lse = _huge_call(lambda: LAB.module.flash_forward(q, k, v, causal=causal), case)
+    o, lse = _huge_call(lambda: LAB.module.flash_forward(q, k, v, causal=causal, path=FORWARD_PATH), case)
     check_placement(o, shape=q.shape, like=q, name="o", case=case)
     check_placement(lse, shape=(batch, heads, seqlen), like=q, dtype=FP32, name="lse", case=case)
     for b in (0, batch - 1):
@@ -1104,7 +1107,7 @@ def test_memory_is_linear_in_seqlen():
     seqlen = 16384
     q, k, v = make_qkv(1, seqlen, seqlen, 1, 1, 64, BF16)
     _, naive = _peak_bytes(lambda: LAB.module.attention_naive(q, k, v, causal=True))
-    (o, lse), forward = _peak_bytes(lambda: LAB.module.flash_forward(q, k, v, causal=True))
+    (o, lse), forward = _peak_bytes(lambda: LAB.module.flash_forward(q, k, v, causal=True, path=FORWARD_PATH))
     grad_o = randn(q.shape, BF16)
     grads, backward = _peak_bytes(lambda: LAB.module.flash_backward(grad_o, q, k, v, o, lse, causal=True))
     linear = 3 * nbytes(q) + q.numel() * 4 + 2 * _lse_bytes(q)  # outputs, dQ accumulator, lse and D
@@ -1317,7 +1320,7 @@ def _forward_perf(kind, shape, causal, backend):
     last = {}
 
     def ours():
-        last["out"] = LAB.module.flash_forward(q, k, v, causal=causal)
+        last["out"] = LAB.module.flash_forward(q, k, v, causal=causal, path=FORWARD_PATH)
 
     sdpa = _sdpa(backend)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))

@@ -30,9 +30,11 @@ enum class Rung { kNaive, kFp32, kTensorCores };
 // flash_forward's kernels (wrapper.h): rung 3 everywhere, the Hopper kernel where it can run.
 enum class ForwardPath { kAuto, kPortable, kHopper, kHopperSimple, kHopperOverlap };
 
-// The Hopper kernel's pipeline for path 'auto' and 'hopper': the intra-warpgroup overlap, FlashAttention-3's
-// choice; 'hopper_simple' and 'hopper_overlap' pick either, so that both can be timed (not yet measured).
-constexpr bool kHopperOverlapByDefault = true;
+// The Hopper kernel's pipeline for path 'auto' and 'hopper': the simple one. FlashAttention-3's intra-warpgroup
+// overlap measured slower here (H100, python3 tools/gpu/probe/lab08_hopper.py, 2026-11-26, bf16 (8, 16, 4096..8192):
+// 0.71-0.74x cuDNN against 0.82-0.87x at d128, 0.81-0.84x against 0.87-0.90x at d64); 'hopper_simple' and
+// 'hopper_overlap' pick either, so that both stay timed.
+constexpr bool kHopperOverlapByDefault = false;
 
 ForwardPath parse_forward_path(const std::string& path, const char* op) {
   if (path == "auto") return ForwardPath::kAuto;

@@ -1,5 +1,6 @@
 """Lab 08, forward TFLOP/s against sequence length for every rung and SDPA's backends: the data of lesson 08's plot
-(issue 14: "rung timings and the plot on the page"; issue 17 adds its Hopper path to the same plot).
+(issue 14: "rung timings and the plot on the page"; issue 17's Hopper path, path="hopper_simple", is on it too:
+on a GPU without it that row fails to run and is left out).
 
     python3 tools/gpu/probe/lab08_seqlen.py [--quick]     (JSON: $OUT/lab08-seqlen.json, else build/)
 
@@ -45,7 +46,9 @@ def main() -> None:
     args = parser.parse_args()
     jit.ensure_arch_list()
     lab = jit.load_lab(ROOT / "solutions" / "08-flash-attention", ROOT)
-    rungs_16 = {"tensor-core flash (rung 3)": lambda q, k, v, c: lab.flash_forward(q, k, v, causal=c),
+    rungs_16 = {"tensor-core flash (rung 3)": lambda q, k, v, c: lab.flash_forward(q, k, v, causal=c, path="portable"),
+                "Hopper flash (TMA, wgmma)": lambda q, k, v, c: lab.flash_forward(q, k, v, causal=c,
+                                                                                  path="hopper_simple"),
                 "SDPA FLASH_ATTENTION (FA2)": sdpa(SDPBackend.FLASH_ATTENTION),
                 "SDPA CUDNN_ATTENTION": sdpa(SDPBackend.CUDNN_ATTENTION)}
     rungs_32 = {"float32 flash (rung 2)": lambda q, k, v, c: lab.flash_forward_fp32(q, k, v, causal=c),
@@ -66,7 +69,8 @@ def main() -> None:
                             continue
                         reps = 10 if (dtype == torch.float32 and n >= 8192) else 25
                         try:
-                            (ms,) = jit.interleaved_median_ms([lambda fn=fn: fn(q, k, v, causal)], reps=reps)
+                            call = (lambda fn=fn, q=q, k=k, v=v: fn(q, k, v, causal))
+                            (ms,) = jit.interleaved_median_ms([call], reps=reps)
                         except RuntimeError as error:  # a backend that refuses the shape (cuDNN, say): a gap
                             print(f"{name} d{d} causal={causal} N={n}: {str(error).splitlines()[0]}", flush=True)
                             torch.cuda.synchronize()
@@ -76,7 +80,7 @@ def main() -> None:
                                "tflops": round(flops / ms / 1e9, 1)}
                         rows.append(row)
                         print(row, flush=True)
-                    del q, k, v
+                    q = k = v = None  # freed before the next shape is made
                     torch.cuda.empty_cache()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": TOKENS,
            "command": "python3 tools/gpu/probe/lab08_seqlen.py" + (" --quick" if args.quick else ""), "rows": rows}
