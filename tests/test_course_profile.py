@@ -449,3 +449,12 @@ def test_profile_markers_on_the_lessons_name_their_lab():
             assert match.group(1) == page.stem, f"{page.name}: a profile marker names {match.group(1)}"
             re.compile(match.group(2))
     assert found >= 6
+
+
+@pytest.mark.parametrize("unit, micros", [("ns", 1.5), ("nsecond", 1.5), ("us", 1500.0), ("usecond", 1500.0),
+                                          ("ms", 1.5e6)])
+def test_time_units_as_ncu_writes_them(unit, micros):
+    """Nsight Compute 2025.3 with --print-units base writes the duration's unit as "ns" (seen on an H100): read as
+    microseconds it made every kernel 1000x slower on the pages and its DRAM GB/s 1000x lower."""
+    kernel = {"metrics": {"gpu__time_duration.sum": 1500.0}, "units": {"gpu__time_duration.sum": unit}}
+    assert kernel_profile._scaled(kernel, "gpu__time_duration.sum", kernel_profile._TIME_SCALE) == pytest.approx(micros)

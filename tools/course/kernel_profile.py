@@ -215,7 +215,10 @@ def split_ranges(kernels: list[dict], ranges: list[dict], marker: str) -> list[d
     return out
 
 
-_TIME_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# Unit strings as ncu writes them: Nsight Compute 2025.3 with --print-units base writes "ns" (an H100, 2026-11-26);
+# other versions and pages spell them out.
+_TIME_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
+               "second": 1e6}
 _BYTE_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
