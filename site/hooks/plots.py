@@ -12,9 +12,9 @@ strict build (a warning), as bench.py's does.
 """
 from __future__ import annotations
 
+import cmath  # not math: site/hooks/math.py (the MathML hook) shadows it when this folder is on sys.path
 import html
 import json
-import cmath  # not math: site/hooks/math.py (the MathML hook) shadows it when this folder is on sys.path
 import logging
 import re
 from pathlib import Path
