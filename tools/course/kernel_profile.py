@@ -215,8 +215,13 @@ def split_ranges(kernels: list[dict], ranges: list[dict], marker: str) -> list[d
     return out
 
 
-_TIME_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
-_BYTE_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+# Units to microseconds and bytes. The report is asked for in base units (--print-units base): nanoseconds and bytes,
+# which is also what a unit this table does not know, or a report without its units row, is taken to be. (On an H100
+# with Nsight Compute 2025.3 the first committed profiles came out 1000x off: the time unit was not one of these
+# names, and a fallback of 1 read nanoseconds as microseconds.)
+_TIME_SCALE = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6,
+               "s": 1e6, "": 1e-3}
+_BYTE_SCALE = {"byte": 1, "B": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "": 1}
 
 
 def _value(kernel: dict, name: str) -> float | None:
@@ -227,7 +232,7 @@ def _scaled(kernel: dict, name: str, scales: dict) -> float | None:
     value = _value(kernel, name)
     if value is None:
         return None
-    return value * scales.get(kernel["units"].get(name, ""), 1)
+    return value * scales.get(kernel.get("units", {}).get(name, ""), scales[""])
 
 
 def summarize(kernel: dict) -> dict:
