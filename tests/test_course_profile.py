@@ -93,6 +93,17 @@ def test_summary_of_a_memory_bound_kernel(kernels):
     assert not s["tensor_pipe_pct"]
 
 
+@pytest.mark.parametrize("unit", ["ns", "", "a unit the table does not know"])
+def test_time_in_any_other_unit_is_taken_as_ncus_base_unit_nanoseconds(kernels, unit):
+    # --print-units base reports nanoseconds; the first H100 profiles (ncu 2025.3) came out 1000x slow and 1000x
+    # short of bandwidth with a fallback of 1 (780512 "us" and 2.7 "GB/s" for a 2 GiB copy).
+    kernel = dict(kernels[0], units=dict(kernels[0]["units"], **{"gpu__time_duration.sum": unit}))
+    s = kernel_profile.summarize(kernel)
+    assert s["time_us"] == pytest.approx(716.448)
+    assert s["dram_gbps"] == pytest.approx((1_073_790_464 + 1_073_745_920) / 716_448, rel=1e-9)
+    assert kernel_profile.summarize(dict(kernels[0], units={}))["time_us"] == pytest.approx(716.448)
+
+
 def test_summary_names_every_limiter_that_ties(kernels):
     s = kernel_profile.summarize(kernels[1])  # partial sums: 8 blocks/SM by registers and by warps
     assert s["kernel"] == "partial_sums_kernel<float, false>"
