@@ -44,6 +44,7 @@ constexpr double kTanhCubic = 0.044715;                  // the cubic term of th
 // The erf form without erff, for the 16-bit types (bfloat16, float16). Issue 12 asks the bf16
 // kernels for 0.90x of copy bandwidth; with erff they reach 0.65x forward and 0.71x backward on an
 // H200, because erff is ~22 of the GELU's ~32 instructions per element (SASS, tools/gpu/NOTES.md).
+// With this one they reach 0.99x and 0.93x on an H100 (`./course bench 06`, 2026-11-26).
 //
 // Write h = Phi(-|u|) = 0.5 erfc(|u| / sqrt 2), the normal tail. Then GELU(u) = u Phi(u) is
 //   u (1 - h) for u >= 0,  u h for u < 0,  both  fma(-|u|, h, max(u, 0)),
@@ -68,14 +69,14 @@ constexpr double kTanhCubic = 0.044715;                  // the cubic term of th
 // set below is the one measured on the GPU. The degree-9 fit it prints saves one FFMA and is less
 // accurate for u < 0.
 //
-// Accuracy, every finite float32 u (2^32 inputs; H200, `python3 tools/gpu/probe/lab06_gelu_erf.py`,
-// 2026-11-26), bfloat16 results one step or more off the correctly rounded float64 GELU, per region
-// u >= 0 | -5.5 <= u < 0 | u < -5.5: erff form 3805 | 2199240 | 11074556, this one 4451 | 14034 |
-// 9989771; worst steps 1 | 89 | 13241 against 1 | 1 | 452. The 646 more for u >= 0 (of 2^31) come
-// from ex2.approx's own error (a few ulps), which no choice of coefficients removes
-// (tools/gpu/probe/lab06_gelu_fit.md); the lesson's section 2 has the whole table and the decision.
-// float32 keeps erff: its kernels already run at copy speed (nothing to gain), and the table
-// counts bfloat16 steps, not the float32 ulps a float32 output would show.
+// Accuracy, every finite float32 u (2^32 inputs; `python3 tools/gpu/probe/lab06_gelu_erf.py`, H200
+// and H100, the same counts, 2026-11-26), bfloat16 results one step or more off the correctly
+// rounded float64 GELU, per region u >= 0 | -5.5 <= u < 0 | u < -5.5: erff form 3805 | 2199240 |
+// 11074556, this one 4451 | 14034 | 9989771; worst steps 1 | 89 | 13241 against 1 | 1 | 452. The
+// 646 more for u >= 0 (of 2^31) come from ex2.approx's own error (a few ulps), which no choice of
+// coefficients removes (tools/gpu/probe/lab06_gelu_fit.md); the lesson's section 2 has the whole
+// table and the decision. float32 keeps erff: its kernels already run at copy speed (nothing to
+// gain), and the table counts bfloat16 steps, not the float32 ulps a float32 output would show.
 constexpr float kHalfLog2e = -0.72134752044448170f;       // A = -log2(e) / 2
 constexpr float kLog2InvSqrt2Pi = -1.32574806473615930f;  // B = log2(1 / sqrt(2 pi))
 constexpr float kTailClamp = 6.0f;                        // H is fitted on [0, 6]
