@@ -670,7 +670,8 @@ def test_hopper_plan_is_the_kernels():
         assert plan.total <= ref.SHARED_LIMIT and stages <= ref.deepest_ring(d)
         for s in range(1, ref.deepest_ring(d) + 1):  # TMA's swizzled boxes: every tile on a 1024-byte boundary
             tiles = ref.ring_plan(d, s)
-            assert all(offset % ref.SWIZZLE_ATOM_BYTES == 0 for offset in (tiles.q, tiles.k, tiles.v, tiles.kv_tile_bytes))
+            offsets = (tiles.q, tiles.k, tiles.v, tiles.kv_tile_bytes)
+            assert all(offset % ref.SWIZZLE_ATOM_BYTES == 0 for offset in offsets), (d, s, tiles)
 
 
 @harness.tasks("lab08.10")
