@@ -55,7 +55,8 @@ using course::store_pair;
 //   K   kStages x Bc x D x 2 B         64 KiB (2 stages) 48 KiB (3 stages)
 //   V   the same                       64 KiB            48 KiB
 // 160 and 112 KiB of the 227 an SM gives a block: one block an SM either way (the registers of 384
-// threads allow only one), so the stages are what shared memory affords, not a balance with occupancy.
+// threads allow only one), so the stages are bounded by shared memory alone, not balanced against occupancy.
+// Deeper rings fit (3 stages at D 128, 6 at D 64: hopper_plan.py's deepest_ring); whether they pay was not measured.
 constexpr int kWarpgroupThreads = 128;
 constexpr int kConsumers = 2;
 constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;

@@ -30,11 +30,13 @@ enum class Rung { kNaive, kFp32, kTensorCores };
 // flash_forward's kernels (wrapper.h): rung 3 everywhere, the Hopper kernel where it can run.
 enum class ForwardPath { kAuto, kPortable, kHopper, kHopperSimple, kHopperOverlap };
 
+// --8<-- [start:hopper_default]
 // The Hopper kernel's pipeline for path 'auto' and 'hopper': the simple one. FlashAttention-3's intra-warpgroup
 // overlap measured slower here (H100, python3 tools/gpu/probe/lab08_hopper.py, 2026-11-26, bf16 (8, 16, 4096..8192):
 // 0.71-0.74x cuDNN against 0.82-0.87x at d128, 0.81-0.84x against 0.87-0.90x at d64); 'hopper_simple' and
 // 'hopper_overlap' pick either, so that both stay timed.
 constexpr bool kHopperOverlapByDefault = false;
+// --8<-- [end:hopper_default]
 
 ForwardPath parse_forward_path(const std::string& path, const char* op) {
   if (path == "auto") return ForwardPath::kAuto;
@@ -286,6 +288,7 @@ std::tuple<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::
   return flash_forward_path(q, k, v, causal, scale, "auto");
 }
 
+// --8<-- [start:forward_dispatch]
 std::tuple<at::Tensor, at::Tensor> flash_forward_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                       bool causal, std::optional<double> scale,
                                                       const std::string& path) {
@@ -311,6 +314,7 @@ std::tuple<at::Tensor, at::Tensor> flash_forward_path(const at::Tensor& q, const
     launch_flash_forward_hopper(type, params, overlap, course::current_stream());
   });
 }
+// --8<-- [end:forward_dispatch]
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& grad_o, const at::Tensor& q,
                                                               const at::Tensor& k, const at::Tensor& v,
