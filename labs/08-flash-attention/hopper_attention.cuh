@@ -1,7 +1,7 @@
-// Lab skeleton generated from solutions/08-flash-attention/hopper_attention.cuh by `./course labs` [lab-hash bf286cd4eb00].
+// Lab skeleton generated from solutions/08-flash-attention/hopper_attention.cuh by `./course labs` [lab-hash ff1a023adec6].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
-// The Hopper (sm_90a) instructions lab 08's Hopper forward needs beyond lesson 05's wgmma.cuh (whose
+// The Hopper (sm_90a) instructions lab 08's Hopper forward needs beyond include/course/wgmma.cuh (whose
 // mbarrier, register hand-over, wgmma fence/commit/wait and K-major descriptor it reuses):
 //  - a 4-D TMA load: q, k and v are (batch, seqlen, heads, head_dim) views with free strides, so a
 //    tile of one head's rows is a box of the 4-D tensor, not of a matrix;
@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "../05-tensor-cores/wgmma.cuh"
+#include <course/wgmma.cuh>
 
 #ifdef COURSE_WGMMA
 namespace hopper {

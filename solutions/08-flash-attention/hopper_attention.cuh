@@ -1,4 +1,4 @@
-// The Hopper (sm_90a) instructions lab 08's Hopper forward needs beyond lesson 05's wgmma.cuh (whose
+// The Hopper (sm_90a) instructions lab 08's Hopper forward needs beyond include/course/wgmma.cuh (whose
 // mbarrier, register hand-over, wgmma fence/commit/wait and K-major descriptor it reuses):
 //  - a 4-D TMA load: q, k and v are (batch, seqlen, heads, head_dim) views with free strides, so a
 //    tile of one head's rows is a box of the 4-D tensor, not of a matrix;
@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "../05-tensor-cores/wgmma.cuh"
+#include <course/wgmma.cuh>
 
 #ifdef COURSE_WGMMA
 namespace hopper {
