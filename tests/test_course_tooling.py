@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from harness import check, trees
+from harness import check, jit, trees
 from harness.todos import ALL, REFERENCE_MARK, declarations_in, open_todos
 
 sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
@@ -316,9 +316,7 @@ def test_sanitizer_checks_every_kernel_of_the_lab(lab, tree):
 
     names = sanitizer.lab_kernels(lab.number, tree)
     folder = lab.dir_in(trees.resolve_tree(tree))
-    folders = [folder] + [folder.parent / line.strip() for line in
-                          ((folder / "depends.txt").read_text().splitlines() if (folder / "depends.txt").exists()
-                           else []) if line.strip() and not line.startswith("#")]
+    folders = [folder, *jit.lab_dependencies(folder)]
     assert names, f"{lab.name} ({tree}): no kernel names found"
     assert all(re.fullmatch(r"\w+", n) for n in names), names
     for path in (p for f in folders for p in f.iterdir() if p.suffix in (".cu", ".cuh", ".h", ".cpp")):

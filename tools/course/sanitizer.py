@@ -121,17 +121,12 @@ def lab_kernels(lab_number: str, impl: str) -> list[str]:
     lab cannot be found."""
     trees = env.load_trees()
     try:
-        lab, tree = trees.find_lab(lab_number), trees.resolve_tree(impl)
-    except (KeyError, FileNotFoundError):
+        folder = trees.find_lab(lab_number).dir_in(trees.resolve_tree(impl))
+        folders = [folder, *env.load_jit().lab_dependencies(folder)] if folder.is_dir() else []
+    except (KeyError, FileNotFoundError):  # no such lab or tree, or a depends.txt naming a missing folder
         return []
-    folder = lab.dir_in(tree)
-    folders = [folder]
-    depends = folder / "depends.txt"
-    if depends.exists():
-        folders += [tree.path / line.strip() for line in depends.read_text().splitlines()
-                    if line.strip() and not line.startswith("#")]
     names: set[str] = set()
-    for path in (p for f in folders if f.is_dir() for p in sorted(f.iterdir())):
+    for path in (p for f in folders for p in sorted(f.iterdir())):
         if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
             names.update(_CUDA_KERNEL.findall(path.read_text(errors="replace")))
         elif path.suffix == ".py":
