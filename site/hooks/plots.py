@@ -17,13 +17,12 @@ import html
 import json
 import logging
 import re
-from pathlib import Path
 
 from _trees import trees
 from mkdocs.structure.files import File
 
 log = logging.getLogger("mkdocs.hooks.plots")
-DATA = Path(trees.ROOT) / "site" / "data" / "plots"
+DATA = trees.PLOT_DATA
 MARKER = re.compile(r"^<!--\s*plot:\s*([0-9]{2}-[a-z0-9-]+)\s*-->$", re.MULTILINE)
 
 
