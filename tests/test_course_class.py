@@ -200,6 +200,14 @@ def test_a_run_killed_at_its_deadline_leaves_no_process_of_it_behind(tmp_path):
     else:
         os.kill(child, 9)
         raise AssertionError("the run's child outlived the deadline kill")
+    # Killed while its build was under way (the timing file, tests/harness/timing.py, says so): not called a hang.
+    timing_file = trees.LOGS / "deadline-probe.timing.json"
+    fake.write_text(f"#!/bin/sh\necho '{{\"collected_at\": '$(date +%s)', \"build_since\": '$(date +%s)'}}' "
+                    f"> {timing_file}\nsleep 300\n")
+    result = runner.run_pytest(str(fake), [], impl="labs", label="deadline-probe", lab_number="00", verbose=False,
+                               deadline_s=2, quiet=True)
+    assert "while it was still building" in result["error"] and "hangs" not in result["error"], result["error"]
+    assert result["phases"]["build"] > 0.5, result["phases"]
 
 
 def test_merge_refuses_overlapping_or_incomplete_shards(graded, tmp_path):

@@ -104,7 +104,11 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         timing = json.loads(timing_path.read_text())
     result["phases"] = process_phases(seconds, launched_at, ended_at, timing)
     result["build_failed"] = bool(timing.get("build_failed"))
-    if hung:
+    if hung and timing.get("build_since"):  # the deadline counts the build: a slow build is no hang
+        result["error"] = (f"killed after the {deadline_s} s deadline while it was still building (for "
+                           f"{result['phases']['build']:.0f} s): the deadline counts the build; on a busy machine "
+                           "(grade --all --jobs N) give a larger --deadline")
+    elif hung:
         result["error"] = (f"killed after the {deadline_s} s deadline: a kernel probably hangs (an endless loop, or "
                            "__syncthreads() inside a branch that not every thread of the block takes)"
                            + trees.sanitize_hint(lab_number, impl, looking_for="a barrier in divergent code"))
