@@ -145,10 +145,13 @@ def test_copy_past_2_31_elements(copy, gpu_memory):
     fn, _ = COPIES[copy]
     n = harness.PAST_INT32
     src = torch.randn(n + 1, device="cuda")[1:]
-    dst = torch.full((n + 1,), float("nan"), device="cuda")[1:]
+    dst_buffer = torch.full((1 + n + GUARD,), float("nan"), device="cuda")
+    dst = dst_buffer[1:n + 1]
     fn(dst, src, 0)
     harness.check.assert_ends_close(dst, lambda part: src[part].double(), tol=EXACT, case=f"copy_{copy} of {n} floats",
                                     hint=HINTS[copy] + "; index with int64_t")
+    _check_guards(dst_buffer, 1, n, f"copy_{copy} of {n} floats",
+                  hint=GUARD_HINT if copy == "vectorized" else SCALAR_GUARD_HINT)
 
 
 @requires_gpu
