@@ -13,6 +13,9 @@ step() {  # step NAME SECONDS CMD...: run with a deadline, log to $R/NAME.txt, p
   local t0=$(date +%s)
   OUT=$R timeout -k 5 "$secs" bash -c "$*" >"$R/$name.txt" 2>&1
   local rc=$?
+  # timeout kills its child, not the grandchildren: a sanitizer or pytest left running would share the GPU with
+  # the next step's timings (2026-11-27: a racecheck run past its deadline slowed lab 02's transposes 2-3x)
+  if [ $rc -ge 124 ]; then pkill -9 -f 'compute-sanitizer|pytest|course (test|sanitize|bench|grade|profile)' 2>/dev/null; sleep 2; fi
   echo "=== $name rc=$rc $(( $(date +%s) - t0 ))s"
   tail -n "${TAIL:-15}" "$R/$name.txt"
 }
