@@ -105,8 +105,13 @@ SANITIZE_CASES = [
 # diagonal, GQA, strides are all in 113x203, 203x113, 128x217 and 1x1, and batch x heads in b1-h8-kv2, b2-h4-kv1) at
 # sizes that cost minutes under the tools. On an H200 (2026-11-26) memcheck over every case ran past 7 minutes, and
 # the four tools at once without the three large sizes ran past 8. The model tests (test_model_*) run flash_model.py
-# in float64 on the CPU: no kernel of the lab, nothing for the tools to see.
-SANITIZE_EXCLUDE = "1023x1024 or 2048x2048 or 4224x4224 or b16 or b128 or test_model"
+# in float64 on the CPU: no kernel of the lab, nothing for the tools to see. Two more are left out for what they
+# measure, not a code path: test_no_hidden_copy reads the caching allocator's peak, which the tools turn off (it fails
+# under them whatever the kernel does), at 4 x 4096 x 8 heads, where the naive rung alone holds 2 GiB of scores; and
+# test_flash_backward_deterministic repeats test_flash_backward's atomic kernel ten times at 1023 x 1024 to compare
+# the runs' bits. The pair under racecheck ran past 140 s and 170 s without a line of output (H100, 2026-11-27).
+SANITIZE_EXCLUDE = ("1023x1024 or 2048x2048 or 4224x4224 or b16 or b128 or test_model or test_no_hidden_copy or "
+                    "(test_flash_backward_deterministic and not deterministic_mode)")
 
 NAIVE_HINT = (
     "the naive rung (lab08.1): S = scale q k^T for every (query, key) pair into the float32 workspace, -inf where "
