@@ -51,6 +51,7 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
         reason="nbclient is not installed here, so the notebook was not executed (pip install nbclient ipykernel)",
     )
     import nbformat
+    from traitlets.config import Config
 
     path = notebook_path(lab, tree)
     notebook = nbformat.read(path, as_version=4)
@@ -62,7 +63,14 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
 
     os.environ[jit.BUILD_DIR_ENV] = str(lab.build_dir(tree))
     os.environ[jit.MODULE_ENV] = build.module_name(lab, tree)
-    client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
+    # The kernel talks over Unix sockets named after it, not TCP ports: jupyter_client picks free ports, then binds
+    # them later, and two kernels started at once can pick the same one ("ZMQError: Address already in use", then
+    # "Kernel didn't respond in 60 seconds": 1 of 10 graders run together on the GPU box, 2026-11-27). ./course grade
+    # --all --jobs starts notebooks together. Windows has no ipc transport: TCP there.
+    config = Config()
+    if os.name == "posix":
+        config.KernelManager.transport = "ipc"
+    client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", config=config,
                                      resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()
