@@ -326,3 +326,34 @@ def test_sanitizer_checks_every_kernel_of_the_lab(lab, tree):
             assert any(re.search(rf"\b{n}\s*\(", after) for n in names), (
                 f"{path.relative_to(trees.ROOT)}: a __global__ function whose name lab_kernels does not find: "
                 f"{after[:120]!r}")
+
+
+# ---------------------------------------------------------------- the notebook runner
+@pytest.mark.parametrize("failures, expect_calls, expect_error", [(0, 1, None), (1, 2, None), (2, 2, "didn't respond")])
+def test_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch, failures, expect_calls, expect_error):
+    """A kernel that does not answer (two kernels started at once took one TCP port: 1 of 10 parallel graders on the
+    GPU box) gets one more start; a second failure, or a failing cell, is reported as it is."""
+    nbclient = pytest.importorskip("nbclient")
+    from harness import notebooks
+
+    calls = []
+
+    class FakeClient:
+        def __init__(self, notebook, **kwargs):
+            self.notebook = notebook
+
+        def execute(self):
+            calls.append(1)
+            if len(calls) <= failures:
+                raise RuntimeError("Kernel didn't respond in 60 seconds")
+
+    monkeypatch.setattr(nbclient, "NotebookClient", FakeClient)
+    for name in ("COURSE_ROOT", jit.BUILD_DIR_ENV, jit.MODULE_ENV):  # execute() sets them: restored after the test
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    lab = trees.find_lab("00")
+    if expect_error:
+        with pytest.raises(RuntimeError, match=expect_error):
+            notebooks.execute(lab, trees.resolve_tree("solutions"))
+    else:
+        notebooks.execute(lab, trees.resolve_tree("solutions"))
+    assert len(calls) == expect_calls
