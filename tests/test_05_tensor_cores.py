@@ -602,11 +602,14 @@ def test_perf_vs_unfused():
 # as the model assumes; the unfused pair moves 6 bytes an element, 0.4 GB, about 0.1 ms on an H200, far above a
 # launch's cost; x and weight are 1 MB each. The k-loop is 2 k-slices, so pipelining barely matters: the case
 # grades the fusion and the epilogue's stores. bf16 from sm_80, fp16 on sm_75 (the same bytes).
-# The bars: the reference's target leaves room under the model's 1.7x for stores slower than a copy (each
-# store instruction of the epilogue writes half of eight 32-byte sectors) and for other GPUs' I (their
-# datasheets give 150-200 for an A100 or a T4); a student's kernel passes at 1.1x, fusion visibly paying.
+# Measured (H100, 2026-11-27, python3 tools/gpu/probe/lab05_fusion.py; I = 260): the model is wrong for this
+# kernel. At K = 64 the fused kernel takes 0.246 ms against gelu(addmm)'s 0.150: 0.61x, not 2-3x, and 0.60-0.62x at
+# every K from 32 to 256. Its output leaves at 18% of copy bandwidth (the GELU pass alone: 95%), so t_fused is
+# ~11 units, not 2-3.5: the epilogue's stores, not the math, set its time here (why they are slow is not yet
+# profiled). The case stays graded as a guard of what the reference does (target 0.55x, student 0.45x, below its
+# 0.61x); issue 16 item 3 (fusion visibly winning) is open until an epilogue that stores near copy speed is built.
 FUSION_SHAPE = (8192, 8192, 64)
-FUSION_BARS = {"student_bar": 1.1, "target": 1.3}
+FUSION_BARS = {"student_bar": 0.45, "target": 0.55}
 # --8<-- [end:fusion_case]
 
 
