@@ -357,3 +357,39 @@ def test_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch, fa
     else:
         notebooks.execute(lab, trees.resolve_tree("solutions"))
     assert len(calls) == expect_calls
+
+
+# ---------------------------------------------------------------- test shards (./course sanitize --shards)
+def test_shards_split_the_selected_tests_exactly(tmp_path):
+    """COURSE_TEST_SHARD=I/N keeps every N-th test after -k and -m chose: the shards are disjoint and together the
+    unsharded selection."""
+    def collected(shard: str | None) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != trees.SHARD_ENV}
+        if shard:
+            env[trees.SHARD_ENV] = shard
+        run = subprocess.run([sys.executable, "-m", "pytest", "tests/test_03_reductions.py", "--collect-only", "-q",
+                              "-p", "no:cacheprovider", "-m", "not perf", "-k", "warp or sum"],
+                             cwd=trees.ROOT, env=env, capture_output=True, text=True)
+        return [line for line in run.stdout.splitlines() if "::" in line]
+
+    whole = collected(None)
+    shards = [collected(f"{i}/3") for i in range(3)]
+    assert len(whole) > 10
+    assert sorted(sum(shards, [])) == sorted(whole)
+    assert all(len(s) in (len(whole) // 3, len(whole) // 3 + 1) for s in shards)
+
+
+def test_sanitizer_merges_a_tools_shards():
+    import sanitizer
+
+    rows = [{"tool": "racecheck", "errors": e, "ran": True, "tests": t, "failed": f, "findings": fi,
+             "failed_tests": ft, "summaries": [f"SUMMARY: {e} errors"], "process_error": pe, "log": f"log{i}",
+             "seconds": s}
+            for i, (e, t, f, fi, ft, pe, s) in enumerate([(0, 10, 0, [], [], None, 30.0),
+                                                          (2, 11, 1, ["Race A"], ["t1: x"], None, 50.0),
+                                                          (1, 9, 0, ["Race A", "Race B"], [], "deadline", 40.0)])]
+    merged = sanitizer.merge_shards(rows)
+    assert (merged["errors"], merged["tests"], merged["failed"], merged["seconds"]) == (3, 30, 1, 50.0)
+    assert merged["findings"] == ["Race A", "Race B"] and merged["failed_tests"] == ["t1: x"]
+    assert merged["process_error"] == "deadline" and not sanitizer.is_clean(merged)
+    assert sanitizer.merge_shards(rows[:1]) is rows[0]

@@ -349,7 +349,8 @@ def cmd_sanitize(args) -> int:
               "that on PATH) and a GPU the driver sees (nvidia-smi -L); "
               f"this machine has {'no GPU' if shutil.which('compute-sanitizer') else 'no compute-sanitizer on PATH'}")
         return 2
-    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, select=args.select)
+    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, select=args.select,
+                              shards=args.shards)
     report.print_sanitizer(lab.name, impl, rows)
     if args.json:
         report.write_json(Path(args.json), {"lab": lab.name, "impl": impl, "tools": rows})
@@ -552,6 +553,9 @@ def main(argv=None) -> int:
     p.add_argument("-k", dest="select", metavar="EXPR",
                    help="only the correctness cases pytest -k selects (e.g. -k '113x203 and flash_forward'): a failing "
                    "case under the tools in seconds instead of the whole lab")
+    p.add_argument("--shards", type=_positive, default=1, metavar="N",
+                   help="run each tool as N processes at once, each over every N-th case (the tools are slow per "
+                   "test and leave the GPU idle between kernels; lab 07's racecheck did not end in 545 s as one)")
     p.add_argument("--json", help="write the findings as JSON here")
     p = add("profile", "a lab's kernels under Nsight Compute: one table per kernel (throughput as % of peak, sectors "
             "per request, bank conflicts, occupancy and its limiter, top stalls); --sass: their memory and MMA "
