@@ -393,3 +393,49 @@ def test_sanitizer_merges_a_tools_shards():
     assert merged["findings"] == ["Race A", "Race B"] and merged["failed_tests"] == ["t1: x"]
     assert merged["process_error"] == "deadline" and not sanitizer.is_clean(merged)
     assert sanitizer.merge_shards(rows[:1]) is rows[0]
+
+
+# ---------------------------------------------------------------- the notebook beside the quick sanitizer pass
+def _cli():
+    import cli  # tools/course, on sys.path above; imported here, where its tests need it
+
+    return cli
+
+
+@pytest.mark.parametrize("due", [True, False])
+def test_grade_runs_the_notebook_beside_the_quick_pass(monkeypatch, due):
+    """Where the quick pass is due, the graded run leaves the notebook out and a second run takes it, with the same
+    seed, while the pass runs; its test joins the lab's result. Otherwise one run takes every test."""
+    cli = _cli()
+    runs, passes = [], []
+
+    def fake_run(python, files, impl, label, **kw):
+        runs.append((label, kw.get("keywords"), kw.get("seed")))
+        name = cli.NOTEBOOK_TEST if kw.get("keywords") == cli.NOTEBOOK_TEST else "test_op"
+        return {"tests": [{"name": name, "outcome": "passed", "tasks": ["lab00.1"], "kind": "student"}],
+                "seed": 1234, "returncode": 0, "log": f"{label}.log"}
+
+    monkeypatch.setattr(cli, "run_lab_tests", fake_run)
+    monkeypatch.setattr(cli.sanitizer, "quick_pass_due", lambda args: due)
+    monkeypatch.setattr(cli.sanitizer, "run_as_asked", lambda *a, **k: passes.append(a[3].name))
+    args = types.SimpleNamespace(verbose=False, deadline=60, seed=None)
+    result = cli.grade_lab(args, sys.executable, trees.find_lab("00"), "solutions")
+    assert passes == ["00-first-kernel"]
+    if due:
+        assert runs == [("00-first-kernel", f"not {cli.NOTEBOOK_TEST}", None),
+                        ("00-first-kernel-notebook", cli.NOTEBOOK_TEST, 1234)]
+        assert [t["name"] for t in result["tests"]] == ["test_op", cli.NOTEBOOK_TEST]
+    else:
+        assert runs == [("00-first-kernel", None, None)]
+
+
+def test_a_notebook_run_that_died_fails_the_notebook_test_only():
+    cli = _cli()
+    result = {"tests": [{"name": "test_op", "outcome": "passed", "tasks": ["lab00.2", "lab00.1"], "kind": "student"},
+                        {"name": "test_given", "outcome": "passed", "tasks": [], "kind": "reference"}],
+              "returncode": 0}
+    cli.add_notebook_run(result, {"error": "the test process died (exit code -11)", "tests": [], "seconds": 3.0})
+    notebook = result["tests"][-1]
+    assert (notebook["name"], notebook["outcome"], notebook["tasks"]) == (cli.NOTEBOOK_TEST, "failed",
+                                                                          ["lab00.1", "lab00.2"])
+    assert "died" in notebook["message"] and result["returncode"] == 1 and "error" not in result
