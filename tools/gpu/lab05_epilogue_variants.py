@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from variants import spec_line as line  # noqa: E402  (tools/gpu: the spec format's one writer)
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tools" / "gpu" / "lab05-epilogue-variants.txt"
 
@@ -139,14 +141,6 @@ VARIANTS = {
     "stage-bias-n64": [("linear_act.cu", BIAS_ANCHOR, BIAS_EARLY), *staged(BIAS_LINE_EARLY),
                        *(("linear_act.cu", old, new) for old, new in N64)],
 }
-
-
-def line(name: str, edit_list) -> str:
-    parts = []
-    for file, old, new in edit_list:
-        assert ":" not in old and "|" not in old + new and "\\n" not in old + new, name
-        parts.append(f"{file}:{old}:{new}".replace("\n", "\\n"))
-    return f"{name}:" + "|".join(parts)
 
 
 def cuobjdump() -> str | None:

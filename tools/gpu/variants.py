@@ -21,6 +21,16 @@ from harness import trees  # noqa: E402
 from harness.mutants import plant  # noqa: E402
 
 
+def spec_line(name: str, edits) -> str:
+    """A variant's spec line, NAME:FILE:OLD:NEW|..., from (file, old, new) edits: the format main() reads, written by
+    the generators (tools/gpu/lab05_epilogue_variants.py, lab07_rms_bwd_variants.py)."""
+    parts = []
+    for file, old, new in edits:
+        assert ":" not in old and "|" not in old + new and "\\n" not in old + new, name
+        parts.append(f"{file}:{old}:{new}".replace("\n", "\\n"))
+    return f"{name}:" + "|".join(parts)
+
+
 def main() -> None:
     lab = trees.find_lab(sys.argv[1])
     rows, variants = {}, {}
