@@ -439,3 +439,42 @@ def test_a_notebook_run_that_died_fails_the_notebook_test_only():
     assert (notebook["name"], notebook["outcome"], notebook["tasks"]) == (cli.NOTEBOOK_TEST, "failed",
                                                                           ["lab00.1", "lab00.2"])
     assert "died" in notebook["message"] and result["returncode"] == 1 and "error" not in result
+
+
+def test_sigterm_to_course_stops_the_pytest_sessions_it_started(tmp_path):
+    """runner.run_pytest starts its child in a session of its own; SIGTERM to ./course (a `timeout`, scancel) must
+    still stop it: cli.run_command takes SIGTERM as Ctrl-C and stops every process runner started."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "course_like.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(trees.ROOT / "tools" / "course")!r})
+        import cli, runner
+
+        def fn(args):  # a run whose 'pytest' is a shell that records its pid and sleeps (exec keeps the pid)
+            runner.run_pytest(sys.executable, [], impl="solutions", label="sigterm-test", lab_number=None,
+                              verbose=False, deadline_s=120, quiet=True,
+                              wrapper=["bash", "-c", "echo $$ > {pid_file}; exec sleep 120"])
+            return 0
+
+        sys.exit(cli.run_command(fn, None))
+    """))
+    course = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    for _ in range(300):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    course.send_signal(signal.SIGTERM)
+    assert course.wait(timeout=30) == 130, course.stdout.read()
+    for _ in range(100):  # stop_all waits for it; an orphan is reaped by init a moment later
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the child {child} still runs after ./course took SIGTERM")

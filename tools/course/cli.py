@@ -234,18 +234,12 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
     def say(line: str) -> None:
         print(line, flush=True)
 
-    def interrupt(signum, frame):  # SIGTERM (scancel, a cancelled CI job) stops the runs as Ctrl-C does
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    try:  # SIGTERM arrives as KeyboardInterrupt (run_command); run_class stops its processes before it re-raises
         graded = runner.run_class(python, jobs, workers=workers, deadline_s=args.deadline, alone=alone,
                                   after=sanitize, say=say)
     except KeyboardInterrupt:
         print("\n[course] interrupted: the grading processes it started were stopped; nothing was written", flush=True)
         raise SystemExit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     everything: dict[str, list[dict]] = {submission.name: [] for submission in plan}
     for job, result in graded.items():
         result["lab"] = job.lab
@@ -497,6 +491,26 @@ def _shard(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _interrupt(signum, frame):  # SIGTERM (timeout, scancel, a cancelled CI job) stops ./course as Ctrl-C does
+    raise KeyboardInterrupt
+
+
+def run_command(fn, args) -> int:
+    """fn(args), with SIGTERM taken as Ctrl-C. runner.run_pytest starts each pytest in a session of its own (so that a
+    deadline kills a run's whole group), which a signal to ./course does not reach: on either, those processes are
+    stopped before ./course exits. (A device call's `timeout` once killed ./course sanitize and left its racecheck
+    pytest running beside the next step's timings: lab 02's transposes measured 2-3x slow, H100, 2026-11-27.)"""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return fn(args)
+    except KeyboardInterrupt:
+        stopped = runner.stop_all()
+        print(f"\n[course] interrupted: {stopped} process(es) it started were stopped", flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="./course", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -640,7 +654,7 @@ def main(argv=None) -> int:
     p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)
     try:
-        return args.fn(args)
+        return run_command(args.fn, args)
     except (KeyError, FileNotFoundError) as error:
         print(f"./course {args.command}: {error.args[0] if error.args else error}")
         return 2
