@@ -77,13 +77,10 @@ def pytest_collection_modifyitems(items):
                 _points[lab.name] = dict(getattr(item.module, "POINTS", {}))
 
 
-# A slice of the selected tests, COURSE_TEST_SHARD="I/N": the I-th (0-based) of every N, in collection order, after
+# A slice of the selected tests, trees.SHARD_ENV="I/N": the I-th (0-based) of every N, in collection order, after
 # -k and -m have chosen. ./course sanitize --shards N runs N such slices at once: compute-sanitizer's tools are slow
 # per test and the GPU is idle between kernels, so slices share it (lab 07's racecheck and initcheck did not end in
 # 545 s in one process on an H100).
-SHARD_ENV = trees.SHARD_ENV
-
-
 class _Shard:
     """Keeps the I-th of every N selected tests. A plugin object, not a second pytest_collection_modifyitems in this
     file (a module holds one function of a name): trylast, so it slices what -k and -m (the mark plugin's own
@@ -94,7 +91,7 @@ class _Shard:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
-        kept = [item for position, item in enumerate(items) if position % self.count == self.index]
+        kept = items[self.index::self.count]
         dropped = [item for position, item in enumerate(items) if position % self.count != self.index]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
@@ -102,11 +99,11 @@ class _Shard:
 
 
 def register_shard(config) -> None:
-    shard = os.environ.get(SHARD_ENV)
+    shard = os.environ.get(trees.SHARD_ENV)
     if shard:
         index, count = (int(part) for part in shard.split("/"))
         if not 0 <= index < count:
-            raise pytest.UsageError(f"{SHARD_ENV}={shard}: want I/N with 0 <= I < N")
+            raise pytest.UsageError(f"{trees.SHARD_ENV}={shard}: want I/N with 0 <= I < N")
         config.pluginmanager.register(_Shard(index, count), "course-test-shard")
 
 
