@@ -605,9 +605,10 @@ def test_perf_vs_unfused():
 # Measured (H100, 2026-11-27, python3 tools/gpu/probe/lab05_fusion.py; I = 260): the model is wrong for this
 # kernel. At K = 64 the fused kernel takes 0.246 ms against gelu(addmm)'s 0.150: 0.61x, not 2-3x, and 0.60-0.62x at
 # every K from 32 to 256. Its output leaves at 18% of copy bandwidth (the GELU pass alone: 95%), so t_fused is
-# ~11 units, not 2-3.5: the epilogue's stores, not the math, set its time here (why they are slow is not yet
-# profiled). The case stays graded as a guard of what the reference does (target 0.55x, student 0.45x, below its
-# 0.61x); issue 16 item 3 (fusion visibly winning) is open until an epilogue that stores near copy speed is built.
+# ~11 units, not 2-3.5, and the same from K = 32 to 128: the epilogue, not the math, sets its time here (which part
+# of it is not yet profiled). The case stays graded as a guard of what the reference does (target 0.55x, student
+# 0.45x, below its 0.61x); issue 16 item 3 (fusion visibly winning) is open until an epilogue that stores near copy
+# speed is built.
 FUSION_SHAPE = (8192, 8192, 64)
 FUSION_BARS = {"student_bar": 0.45, "target": 0.55}
 # --8<-- [end:fusion_case]
