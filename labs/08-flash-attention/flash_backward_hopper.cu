@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash ef05523dee06].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash dd2d4dea0cd5].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const do_tiles = q_tiles + kStages * Config::kQBytes;   // [stage][box][Br rows][64]
   uint8_t* const ds_tiles = do_tiles + kStages * Config::kQBytes;  // [buffer][Bc keys][Br queries], swizzled
   float* const lse_rows = reinterpret_cast<float*>(ds_tiles + 2 * Config::kDsBytes);  // [stage][Br]
-  float* const delta_rows = lse_rows + kStages * kBlockM;                              // [stage][Br]
+  float* const delta_rows = lse_rows + kStages * kBlockM;                             // [stage][Br]
   uint64_t* const kv_full = reinterpret_cast<uint64_t*>(delta_rows + kStages * kBlockM);
   uint64_t* const full = kv_full + 1;
   uint64_t* const empty = full + kStages;
@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   hopper::claim_registers<kConsumerRegisters>();
   const int consumer = warpgroup - 1, thread = threadIdx.x % kWarpgroupThreads;
   const int warp = thread / kWarpSize, lane = thread % kWarpSize;
-  const int group_row = lane / 4;            // the thread's first accumulator row in its warp's 16 (second: + 8)
-  const int pair_col = 2 * (lane % 4);       // the first of its two accumulator columns in each n8 tile
+  const int group_row = lane / 4;       // the thread's first accumulator row in its warp's 16 (second: + 8)
+  const int pair_col = 2 * (lane % 4);  // the first of its two accumulator columns in each n8 tile
   const int warp_key = consumer * kWgmmaM + warp * 16;  // the warp's first key in the block
   // dQ's tile of this consumer: head dims dq_col0 .. + 63; over keys dq_key0 .. (D 64: its own 64; D 128: all)
   const int dq_col0 = Config::kDqSplitsKeys ? 0 : consumer * kBoxCols;
@@ -372,9 +372,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Rung 4's mask: query (query0 + qr) sees key (key0 + kr) iff kr < key_end, qr < query_end and, causal,
     // kr - qr <= diagonal; only where some pair of the tile is hidden. Uniform over the block.
     const int query_end = static_cast<int>(min(p.seqlen_q - query0, int64_t{kBlockM}));
-    const int diagonal = p.causal ? static_cast<int>(max(min(p.seqlen_k - p.seqlen_q - key0 + query0, int64_t{kBlockN}),
-                                                         int64_t{-kBlockM}))
-                                  : kBlockN;
+    const int diagonal =
+        p.causal
+            ? static_cast<int>(max(min(p.seqlen_k - p.seqlen_q - key0 + query0, int64_t{kBlockN}), int64_t{-kBlockM}))
+            : kBlockN;
     const bool masked = key_end < kBlockN || query_end < kBlockM || diagonal < kBlockN - 1;
 
     hopper::barrier_wait(&full[stage], parity);
@@ -388,8 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kWgmmaK; ++kk) {
-      hopper::WgmmaSsN64<T, false>::run(dp, kv_rows_descriptor(v_tile, kk), step_rows_descriptor(do_tile, kk),
-                                        kk > 0);
+      hopper::WgmmaSsN64<T, false>::run(dp, kv_rows_descriptor(v_tile, kk), step_rows_descriptor(do_tile, kk), kk > 0);
     }
     hopper::wgmma_commit();
 
@@ -403,7 +403,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int n = 0; n < kBlockM / 8; ++n) {
       const float2 lse2 = *reinterpret_cast<const float2*>(lse_row + 8 * n + pair_col);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s[4 * n + r] = exp2_approx(fmaf(s[4 * n + r], p.scale_log2, -(r % 2 ? lse2.y : lse2.x)));
+      for (int r = 0; r < 4; ++r)
+        s[4 * n + r] = exp2_approx(fmaf(s[4 * n + r], p.scale_log2, -(r % 2 ? lse2.y : lse2.x)));
     }
     if (masked) {
 #pragma unroll
@@ -424,7 +425,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 4; ++r) dp[4 * n + r] = s[4 * n + r] * (dp[4 * n + r] - (r % 2 ? row_dot.y : row_dot.x));
     }
-    // As A operands (the forward's pack_probabilities): k-step kk = queries 16 kk .. 16 kk + 15 = n8 tiles 2 kk, 2 kk + 1.
+    // As A operands (the forward's pack_probabilities): k-step kk = queries 16 kk .. 16 kk + 15 = n8 tiles 2 kk, 2 kk
+    // + 1.
     uint32_t prob[kBlockM / 16][4], grad_s[kBlockM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
@@ -561,9 +563,9 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
                 {forward.v, forward.v_strides, forward.seqlen_k, forward.heads_kv, kBlockN, "v"},
                 {params.grad_o, grad_o_strides, forward.seqlen_q, forward.heads_q, kBlockM, "grad_o"}};
   for (int i = 0; i < 4; ++i) {
-    const CUresult status = flash_forward_hopper_impl::encode_view(&maps[i], type, views[i].data, views[i].strides,
-                                                                   forward.batch, views[i].seqlen, views[i].heads,
-                                                                   kHeadDim, views[i].box_rows);
+    const CUresult status =
+        flash_forward_hopper_impl::encode_view(&maps[i], type, views[i].data, views[i].strides, forward.batch,
+                                               views[i].seqlen, views[i].heads, kHeadDim, views[i].box_rows);
     if (status != CUDA_SUCCESS) {
       throw std::runtime_error(std::string("flash_backward (Hopper path): cuTensorMapEncodeTiled refused ") +
                                views[i].name + " (CUresult " + std::to_string(static_cast<int>(status)) +
@@ -667,8 +669,8 @@ void launch_flash_backward_hopper(ElementType type, const AttentionBackwardParam
   if (forward.heads_kv <= 0 || forward.heads_q % forward.heads_kv != 0) {
     throw std::invalid_argument("flash_backward (Hopper path): heads_q must be a multiple of heads_kv");
   }
-  const void* const vectorized[] = {params.grad_o, forward.o, params.grad_q, params.grad_q_accum, params.delta,
-                                    lse_log2};
+  const void* const vectorized[] = {params.grad_o,       forward.o,    params.grad_q,
+                                    params.grad_q_accum, params.delta, lse_log2};
   for (const void* pointer : vectorized) {
     if (pointer == nullptr || reinterpret_cast<uintptr_t>(pointer) % 16 != 0) {
       throw std::invalid_argument(

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/hopper_attention.cuh by `./course labs` [lab-hash 4972dc9a1c3c].
+// Lab skeleton generated from solutions/08-flash-attention/hopper_attention.cuh by `./course labs` [lab-hash 4d2ba36ca7d1].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // The Hopper (sm_90a) instructions lab 08's Hopper forward needs beyond include/course/wgmma.cuh (whose
@@ -9,6 +9,8 @@
 //    contiguous): wgmma transposes it on the way in, as ldmatrix .trans does for mma.sync;
 //  - S = Q K^T as wgmma m64n128k16 with both operands in shared memory (SS), and O += P V as
 //    m64n64k16 / m64n128k16 with A = P from registers (RS).
+// and what the Hopper backward (flash_backward_hopper.cu) adds: a 1-D bulk copy (its rows of L log2(e) and
+// D) and S^T = K Q^T, dP^T = V dO^T, dQ = dS K as wgmma m64n64k16 SS (the last with both operands transposed).
 // Compiled only where COURSE_WGMMA is defined (wgmma.cuh: nvcc's sm_90a pass).
 #pragma once
 
@@ -50,11 +52,10 @@ __device__ inline void tma_load_4d(void* destination, const CUtensorMap* map, ui
 // A 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared
 // memory, counted towards `barrier` as the tensor copies are: the backward's rows of L log2(e) and D.
 __device__ inline void bulk_load(void* destination, const void* source, uint32_t bytes, uint64_t* barrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          shared_address(destination)),
-      "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(shared_address(barrier))
-      : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   shared_address(destination)),
+               "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
 }
 
 // The descriptor of an MN-major tile written by TMA with the 128-byte swizzle: rows are the k index

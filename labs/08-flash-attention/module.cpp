@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/module.cpp by `./course labs` [lab-hash e6a27c552c00].
+// Lab skeleton generated from solutions/08-flash-attention/module.cpp by `./course labs` [lab-hash 159f655701e9].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's Python module: wrapper.h's functions bound with pybind11, and the kernels' fixed
@@ -81,5 +81,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return c;
       },
       "{head_dims: [64, 128], and per head_dim d: fp32_/forward_/backward_ block_m, block_n, warps, shared_bytes "
-      "(+ forward_stages), hopper_ the same for the Hopper forward, hopper_backward_ for the Hopper backward, keyed like 'forward_block_m_d64'}");
+      "(+ forward_stages), hopper_ the same for the Hopper forward, hopper_backward_ for the Hopper backward, keyed "
+      "like 'forward_block_m_d64'}");
 }

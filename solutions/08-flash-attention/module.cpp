@@ -78,5 +78,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return c;
       },
       "{head_dims: [64, 128], and per head_dim d: fp32_/forward_/backward_ block_m, block_n, warps, shared_bytes "
-      "(+ forward_stages), hopper_ the same for the Hopper forward, hopper_backward_ for the Hopper backward, keyed like 'forward_block_m_d64'}");
+      "(+ forward_stages), hopper_ the same for the Hopper forward, hopper_backward_ for the Hopper backward, keyed "
+      "like 'forward_block_m_d64'}");
 }

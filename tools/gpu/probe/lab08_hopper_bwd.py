@@ -53,10 +53,11 @@ def main() -> int:
     constants = module.constants()
     print(f"{device}, torch {torch.__version__}, Hopper forward available: {module.flash_forward_hopper_available()}")
     for d in (64, 128):
-        print(f"  d{d}: hopper backward {constants[f'hopper_backward_block_m_d{d}']} queries x "
-              f"{constants[f'hopper_backward_block_n_d{d}']} keys, {constants[f'hopper_backward_warps_d{d}']} warps, "
-              f"{constants[f'hopper_backward_stages_d{d}']} stages, {constants[f'hopper_backward_shared_bytes_d{d}']} B "
-              f"shared; portable {constants[f'backward_block_m_d{d}']} x {constants[f'backward_block_n_d{d}']}")
+        c = {key[:-len(f"_d{d}")]: value for key, value in constants.items() if key.endswith(f"_d{d}")}
+        print(f"  d{d}: hopper backward {c['hopper_backward_block_m']} queries x {c['hopper_backward_block_n']} keys, "
+              f"{c['hopper_backward_warps']} warps, {c['hopper_backward_stages']} stages, "
+              f"{c['hopper_backward_shared_bytes']} B shared; portable {c['backward_block_m']} x "
+              f"{c['backward_block_n']}")
     results = {"device": device, "torch": torch.__version__, "correctness": [], "perf": []}
     failures = 0
 
