@@ -3,6 +3,7 @@ skeletons, and the links between lessons, labs and graders. All run without a GP
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -478,3 +479,13 @@ def test_sigterm_to_course_stops_the_pytest_sessions_it_started(tmp_path):
             return
         time.sleep(0.1)
     raise AssertionError(f"the child {child} still runs after ./course took SIGTERM")
+# ---------------------------------------------------------------- CPU models of reference kernels
+def test_lab08_hopper_backward_model(capsys):
+    """tools/gpu/lab08_hopper_bwd_model.py: the Hopper backward's shared-memory layouts, descriptors and fragment maps
+    replayed in float64 agree with an attention backward on tails, causal, GQA and both head dims, and each of its
+    mutants (a slip in the replayed kernel code) is caught."""
+    spec = importlib.util.spec_from_file_location("lab08_hopper_bwd_model",
+                                                  trees.ROOT / "tools" / "gpu" / "lab08_hopper_bwd_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.main() == 0, capsys.readouterr().out
