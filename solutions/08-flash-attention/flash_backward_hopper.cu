@@ -483,6 +483,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::settle(dk);
     hopper::keep_until_here(prob);
     hopper::keep_until_here(grad_s);
+    // One arrival a warp, by lane 0, releases the stage for every lane: the others' ordinary loads of its L and D
+    // rows must be ordered before that arrival, which __syncwarp does (without it compute-sanitizer's racecheck
+    // reported each D load against the producer's next bulk copy into the stage, 2026-11-26, H100).
+    __syncwarp();
     if (lane == 0) hopper::barrier_arrive(&empty[stage]);  // this warp's products have read Q_i, dO_i
 
     // dq[4 n + 2 h + e]: query warp * 16 + group_row + 8 h of the step, head dim dq_col0 + 8 n + pair_col + e.
@@ -542,11 +546,7 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
 
   // 2. The main kernel: tensor maps of q, k, v (their strides) and of grad_o (contiguous).
   const auto kernel = flash_backward_hopper_kernel<T, kHeadDim>;
-  static course::PerDeviceCache shared_opt_in;
-  shared_opt_in.get([&] {
-    COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
-    return 1;
-  });
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
   const Strides grad_o_strides{forward.seqlen_q * forward.heads_q * kHeadDim, forward.heads_q * kHeadDim, kHeadDim};
   CUtensorMap maps[4];
   const struct {
