@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_forward.cu by `./course labs` [lab-hash b24c6d1b3e80].
+// Lab skeleton generated from solutions/08-flash-attention/flash_forward.cu by `./course labs` [lab-hash 8e37c4ce114f].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, rung 3: flash attention forward on tensor cores, float16 and bfloat16, head_dim 64 or 128,
@@ -415,8 +415,8 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (limit < Config::kSharedBytes) {
     throw std::runtime_error("flash_forward: head_dim " + std::to_string(kHeadDim) + " needs " +
-                             std::to_string(Config::kSharedBytes) + " bytes of shared memory a block; this GPU allows " +
-                             std::to_string(limit));
+                             std::to_string(Config::kSharedBytes) +
+                             " bytes of shared memory a block; this GPU allows " + std::to_string(limit));
   }
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per kernel and GPU. The carveout asks for
   // the most shared memory (and the least L1) the SM can give: the data here goes through shared memory, and

@@ -502,8 +502,8 @@ void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (limit < Config::kSharedBytes) {
     throw std::runtime_error("flash_forward: head_dim " + std::to_string(kHeadDim) + " needs " +
-                             std::to_string(Config::kSharedBytes) + " bytes of shared memory a block; this GPU allows " +
-                             std::to_string(limit));
+                             std::to_string(Config::kSharedBytes) +
+                             " bytes of shared memory a block; this GPU allows " + std::to_string(limit));
   }
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per kernel and GPU. The carveout asks for
   // the most shared memory (and the least L1) the SM can give: the data here goes through shared memory, and
