@@ -88,12 +88,14 @@ constexpr int kChunkBytes = 16;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 64 * 1024,
               "the register file after the hand-over");
+// --8<-- [start:hopper_backward_release]
 // Every consumer thread arrives on a stage's empty barrier, not one lane a warp: each thread reads the stage's L
 // and D rows with ordinary loads, and an mbarrier arrival releases the arriving thread's own accesses only. With
 // one arrival a warp (and __syncwarp before it) racecheck reported each D load against the producer's next bulk
 // copy into the stage (282624 hazards over 56 backward cases); with one a thread, 0. Same time at the block's
 // shape: 1.329 vs 1.332 ms (2026-11-26, an H100, tools/gpu/probe/lab08_hopper_bwd.py).
 constexpr int kEmptyArrivals = kConsumers * kWarpgroupThreads;
+// --8<-- [end:hopper_backward_release]
 // Named barriers (0 is __syncthreads'): the 256 consumer threads; each consumer warpgroup's 128.
 constexpr int kConsumersBarrier = 1, kWarpgroupBarrier0 = 2;
 
