@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 1a9d20d2f7b5].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash bbc0c8eeb19d].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -203,6 +203,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 }
 
 // ---------------------------------------------------------------- 3. convert (rung 4's)
+// A copy of flash_backward.cu's convert_grad_q_kernel, not a call of it: that one's body is the student's task
+// lab08.8, and this path is the reference's (it must not run a student's unfinished code).
 constexpr int kConvertThreads = 256;
 
 template <typename T>
@@ -552,7 +554,7 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
 
   // 2. The main kernel: tensor maps of q, k, v (their strides) and of grad_o (contiguous).
   const auto kernel = flash_backward_hopper_kernel<T, kHeadDim>;
-  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, "flash_backward (Hopper path)");
   const Strides grad_o_strides{forward.seqlen_q * forward.heads_q * kHeadDim, forward.heads_q * kHeadDim, kHeadDim};
   CUtensorMap maps[4];
   const struct {

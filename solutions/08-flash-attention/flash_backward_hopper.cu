@@ -200,6 +200,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 }
 
 // ---------------------------------------------------------------- 3. convert (rung 4's)
+// A copy of flash_backward.cu's convert_grad_q_kernel, not a call of it: that one's body is the student's task
+// lab08.8, and this path is the reference's (it must not run a student's unfinished code).
 constexpr int kConvertThreads = 256;
 
 template <typename T>
@@ -549,7 +551,7 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
 
   // 2. The main kernel: tensor maps of q, k, v (their strides) and of grad_o (contiguous).
   const auto kernel = flash_backward_hopper_kernel<T, kHeadDim>;
-  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, "flash_backward (Hopper path)");
   const Strides grad_o_strides{forward.seqlen_q * forward.heads_q * kHeadDim, forward.heads_q * kHeadDim, kHeadDim};
   CUtensorMap maps[4];
   const struct {
