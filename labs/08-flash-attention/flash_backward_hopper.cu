@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash bbc0c8eeb19d].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash d2237d2a824b].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -94,9 +94,10 @@ static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRe
 // --8<-- [start:hopper_backward_release]
 // Every consumer thread arrives on a stage's empty barrier, not one lane a warp: each thread reads the stage's L
 // and D rows with ordinary loads, and an mbarrier arrival releases the arriving thread's own accesses only. With
-// one arrival a warp (and __syncwarp before it) racecheck reported each D load against the producer's next bulk
-// copy into the stage (282624 hazards over 56 backward cases); with one a thread, 0. Same time at the block's
-// shape: 1.329 vs 1.332 ms (2026-11-26, an H100, tools/gpu/probe/lab08_hopper_bwd.py).
+// one arrival a warp racecheck reported each D load against the producer's next bulk copy into the stage (15360
+// errors in the quick pass's 2 backward cases; with __syncwarp before it, still 282624 over 56 cases); with one a
+// thread, 0 over the 56. Same time at the block's shape: 1.329 vs 1.332 ms (2026-11-26, an H100,
+// tools/gpu/probe/lab08_hopper_bwd.py).
 constexpr int kEmptyArrivals = kConsumers * kWarpgroupThreads;
 // --8<-- [end:hopper_backward_release]
 // Named barriers (0 is __syncthreads'): the 256 consumer threads; each consumer warpgroup's 128.
