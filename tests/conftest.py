@@ -59,6 +59,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     # The cases a class run gives the GPU alone (runner.ALONE_MARKERS): their time is the perf phase's.
     alone = _alone(item)
+    _hold_timing_lock()
     if alone:
         _wait_for_side_work()
         timing.alone_started()
@@ -74,6 +75,25 @@ def _alone(item) -> bool:
 # The longest a timed case waits for the grader's side work (the notebook's run, which has a deadline of its own;
 # the grader removes the file when that run ends, however it ends).
 SIDE_WORK_WAIT_S = 900
+
+
+_timing_lock: list = []  # the open file whose lock this process holds, kept open (and so locked) to its end
+
+
+def _hold_timing_lock() -> None:
+    """Take the class's GPU lock (trees.TIMING_LOCK_ENV) before this process's first test, and keep it: start-up
+    and collection overlap another run's timing, no test does."""
+    path = os.environ.get(trees.TIMING_LOCK_ENV)
+    if not path or _timing_lock:
+        return
+    import fcntl
+    import time
+
+    handle = open(path, "a")
+    started = time.monotonic()
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    _timing_lock.append(handle)
+    timing.lock_waited(time.monotonic() - started)
 
 
 def _wait_for_side_work() -> None:

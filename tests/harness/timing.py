@@ -20,6 +20,7 @@ STATE: dict = {
     "alone_s": 0.0,  # seconds in the perf and large cases that ended, their builds not counted
     "alone_since": None,  # a perf or large case under way since then...
     "alone_build_s": 0.0,  # ...when build_s was this (a build inside it is build time, not the case's)
+    "lock_wait_s": 0.0,  # seconds waiting for trees.TIMING_LOCK_ENV's lock (another run had the GPU)
 }
 _path: list[Path] = []
 
@@ -70,4 +71,9 @@ def alone_ended() -> None:
     if STATE["alone_since"] is not None:
         STATE["alone_s"] += time.time() - STATE["alone_since"] - (STATE["build_s"] - STATE["alone_build_s"])
     STATE["alone_since"] = None
+    _write()
+
+
+def lock_waited(seconds: float) -> None:
+    STATE["lock_wait_s"] += seconds
     _write()

@@ -2,9 +2,15 @@
 
     python3 tools/gpu/probe/class_scale.py seq          grade with --jobs 1: $OUT/class-seq.json (+ seconds)
     python3 tools/gpu/probe/class_scale.py jobs [N]     grade with --jobs N (default: ./course's): $OUT/class-jobs.json
-    python3 tools/gpu/probe/class_scale.py compare A B  the two reports: speed-up, same outcomes, perf differences
+    python3 tools/gpu/probe/class_scale.py seq --shard I/N   the I-th of N slices with --jobs 1: $OUT/class-seq-I.json
+    python3 tools/gpu/probe/class_scale.py compare A [A2 ...] B
+                                                        the sequential report (or its shards: their seconds added,
+                                                        their students joined) against --jobs's B: speed-up, same
+                                                        outcomes, perf differences
 
-(one device call fits one run of the class, not both: each pays 16 cold builds).
+(one device call fits one run of the class, not both: each pays 16 cold builds; the sequential run may not fit one
+call of 600 s, so it can run as shards in two calls: the class's sequential time is their times added, each shard
+with cold builds as the whole run has).
 
 The class: 8 right ones (copies of the solution), 2 untouched skeletons, 2 that do not compile, 2 that crash
 (an illegal address), 1 that hangs (a kernel that never ends: the deadline kills it) and 1 slow-but-right one
@@ -52,10 +58,11 @@ CLASS = {
 }
 
 
-def grade(submissions: Path, jobs: int, out: Path) -> float:
+def grade(submissions: Path, jobs: int, out: Path, shard: str | None = None) -> float:
     start = time.perf_counter()
     run = subprocess.run([str(ROOT / "course"), "grade", "00", "--all", "--impl", str(submissions), "--no-sanitize",
-                          "--deadline", "30", "--jobs", str(jobs), "--json", str(out)],
+                          "--deadline", "30", "--jobs", str(jobs), "--json", str(out),
+                          *(["--shard", shard] if shard else [])],
                          capture_output=True, text=True)
     seconds = time.perf_counter() - start
     print(run.stdout[-1500:], flush=True)
@@ -87,6 +94,17 @@ def perf_ratios(report: dict) -> dict:
             for result in results for p in result.get("perf", [])}
 
 
+def joined(runs: list[dict]) -> dict:
+    """One run from the shards of a class (or the one run itself): their seconds added, their students joined."""
+    if len(runs) == 1:
+        return runs[0]
+    students = [name for run in runs for name in run["report"]]
+    assert len(students) == len(set(students)) == runs[0]["students"], "shards overlap or miss students"
+    return {**runs[0], "seconds": sum(run["seconds"] for run in runs),
+            "report": {name: results for run in runs for name, results in run["report"].items()},
+            "shard": "+".join(str(run.get("shard")) for run in runs)}
+
+
 def compare(seq: dict, par: dict) -> dict:
     ratios_seq, ratios_par = perf_ratios(seq["report"]), perf_ratios(par["report"])
     worst = max((abs(ratios_par[k] / ratios_seq[k] - 1) for k in ratios_seq if k in ratios_par), default=None)
@@ -102,15 +120,18 @@ def main() -> None:
     out_dir = Path(os.environ.get("OUT", trees.BUILD))
     out_dir.mkdir(parents=True, exist_ok=True)
     if sys.argv[1] == "compare":
-        print(json.dumps(compare(*(json.loads(Path(p).read_text()) for p in sys.argv[2:4])), indent=1))
+        runs = [json.loads(Path(p).read_text()) for p in sys.argv[2:]]
+        print(json.dumps(compare(joined(runs[:-1]), runs[-1]), indent=1))
         return
-    jobs = 1 if sys.argv[1] == "seq" else int(sys.argv[2]) if len(sys.argv) > 2 else min(8, (os.cpu_count() or 2) // 2)
+    shard = sys.argv[sys.argv.index("--shard") + 1] if "--shard" in sys.argv else None
+    count = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--shard" else None
+    jobs = 1 if sys.argv[1] == "seq" else int(count) if count else min(8, (os.cpu_count() or 2) // 2)
     root = trees.BUILD / "class-scale"
     shutil.rmtree(root, ignore_errors=True)
     for student, (source, edits) in CLASS.items():
         mutants.plant(LAB, root / "class" / student, edits, source=source)
     shutil.rmtree(trees.BUILD / "jit", ignore_errors=True)  # every submission builds from cold
-    seconds = grade(root / "class", jobs, root / "report.json")
+    seconds = grade(root / "class", jobs, root / "report.json", shard)
     result = {"device": subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                                        capture_output=True, text=True).stdout.strip(),
               "cpus": os.cpu_count(), "jobs": jobs, "students": len(CLASS), "seconds": seconds,
@@ -118,7 +139,9 @@ def main() -> None:
     print(f"{len(CLASS)} submissions, --jobs {jobs}: {seconds:.0f} s")
     print(phase_table(result["report"], seconds), flush=True)
     result["breakdown"] = runner.breakdown([r for rs in result["report"].values() for r in rs], seconds)
-    (out_dir / f"class-{sys.argv[1]}.json").write_text(json.dumps(result, indent=1))
+    result["shard"] = shard
+    name = f"class-{sys.argv[1]}" + (f"-{shard.split('/')[0]}" if shard else "")
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
