@@ -49,6 +49,7 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     timing.record_to(session.config.getoption("--course-json"))
+    _hold_timing_lock("shared")
 
 
 def pytest_collection_finish(session):
@@ -59,7 +60,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     # The cases a class run gives the GPU alone (runner.ALONE_MARKERS): their time is the perf phase's.
     alone = _alone(item)
-    _hold_timing_lock()
+    _hold_timing_lock("exclusive")
     if alone:
         _wait_for_side_work()
         timing.alone_started()
@@ -77,23 +78,28 @@ def _alone(item) -> bool:
 SIDE_WORK_WAIT_S = 900
 
 
-_timing_lock: list = []  # the open file whose lock this process holds, kept open (and so locked) to its end
+_timing_lock: list = []  # the open file whose lock this process holds, until the session ends
 
 
-def _hold_timing_lock() -> None:
-    """Take the class's GPU lock (trees.TIMING_LOCK_ENV) before this process's first test, and keep it: start-up
-    and collection overlap another run's timing, no test does."""
-    path = os.environ.get(trees.TIMING_LOCK_ENV)
-    if not path or _timing_lock:
+def _hold_timing_lock(when: str) -> None:
+    """Take the class's GPU lock (trees.TIMING_LOCK_ENV, MODE:PATH) if this process's MODE takes it `when` ("shared"
+    at the session's start, "exclusive" before its first test), and keep it until the session ends."""
+    mode, _, path = os.environ.get(trees.TIMING_LOCK_ENV, "").partition(":")
+    if mode != when or _timing_lock:
         return
     import fcntl
-    import time
 
     handle = open(path, "a")
-    started = time.monotonic()
-    fcntl.flock(handle, fcntl.LOCK_EX)
+    timing.lock_wait_started()
+    fcntl.flock(handle, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
+    timing.lock_wait_ended()
     _timing_lock.append(handle)
-    timing.lock_waited(time.monotonic() - started)
+
+
+def _release_timing_lock() -> None:
+    """Before the JSON and the interpreter's exit (CUDA's teardown): no kernel of this session runs after it."""
+    while _timing_lock:
+        _timing_lock.pop().close()
 
 
 def _wait_for_side_work() -> None:
@@ -222,6 +228,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    _release_timing_lock()
     path = session.config.getoption("--course-json")
     if not path:
         return

@@ -469,23 +469,30 @@ def test_timed_cases_wait_for_the_side_work_and_run_last(tmp_path):
 
 
 def test_the_timing_lock_keeps_two_runs_tests_apart(tmp_path):
-    """Two pytest processes given the same trees.TIMING_LOCK_ENV file: each holds its lock from its first test to
-    its end, so their tests (0.5 s each, two a process) never overlap, while both started at once."""
+    """Two pytest processes given the same trees.TIMING_LOCK_ENV file in "exclusive" mode: each holds its lock from
+    its first test to its end, so their tests (1.5 s each, two a process) never overlap, though both started at once;
+    in "shared" mode (the correctness runs) they overlap."""
     test_file = tmp_path / "test_two.py"
     test_file.write_text("import time\n"
-                         "def test_a():\n    print('SPAN', time.time()); time.sleep(0.5)\n"
-                         "def test_b():\n    time.sleep(0.5); print('END', time.time())\n")
-    env = {**os.environ, "PYTHONPATH": str(trees.TESTS), trees.TIMING_LOCK_ENV: str(tmp_path / "gpu.lock")}
+                         "def test_a():\n    print('SPAN', time.time()); time.sleep(1.5)\n"
+                         "def test_b():\n    time.sleep(1.5); print('END', time.time())\n")
     command = [sys.executable, "-m", "pytest", str(test_file), "-q", "-s", "-p", "no:cacheprovider", "-p", "conftest",
                "--rootdir", str(tmp_path)]
-    runs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    spans = []
-    for run in runs:
-        out = run.communicate(timeout=120)[0]
-        assert run.returncode == 0, out
-        spans.append((float(re.search(r"SPAN (\S+)", out)[1]), float(re.search(r"END (\S+)", out)[1])))
-    first, second = sorted(spans)
-    assert first[1] <= second[0], spans
+
+    def spans(mode: str) -> list[tuple[float, float]]:
+        env = {**os.environ, "PYTHONPATH": str(trees.TESTS), trees.TIMING_LOCK_ENV: f"{mode}:{tmp_path / 'gpu.lock'}"}
+        runs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        found = []
+        for run in runs:
+            out = run.communicate(timeout=120)[0]
+            assert run.returncode == 0, out
+            found.append((float(re.search(r"SPAN (\S+)", out)[1]), float(re.search(r"END (\S+)", out)[1])))
+        return sorted(found)
+
+    first, second = spans("exclusive")
+    assert first[1] <= second[0], (first, second)
+    first, second = spans("shared")
+    assert second[0] < first[1], (first, second)
 
 
 def test_a_notebook_run_that_died_fails_the_notebook_test_only():

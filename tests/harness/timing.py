@@ -20,7 +20,9 @@ STATE: dict = {
     "alone_s": 0.0,  # seconds in the perf and large cases that ended, their builds not counted
     "alone_since": None,  # a perf or large case under way since then...
     "alone_build_s": 0.0,  # ...when build_s was this (a build inside it is build time, not the case's)
-    "lock_wait_s": 0.0,  # seconds waiting for trees.TIMING_LOCK_ENV's lock (another run had the GPU)
+    "lock_wait_s": 0.0,  # seconds waiting for trees.TIMING_LOCK_ENV's lock (another run had the GPU)...
+    "lock_wait_since": None,  # ...and a wait under way since then (the parent's deadline does not count waits)
+    "lock_wait_in_startup": False,  # the wait came before collection ended (a shared lock, taken at session start)
 }
 _path: list[Path] = []
 
@@ -40,8 +42,10 @@ def record_to(json_path: str | Path | None) -> None:
 
 
 def _write() -> None:
-    if _path:
-        _path[0].write_text(json.dumps(STATE))
+    if _path:  # written whole, then renamed: the parent reads it while the run goes on (runner.py's deadline)
+        partial = _path[0].with_name(_path[0].name + ".partial")
+        partial.write_text(json.dumps(STATE))
+        partial.replace(_path[0])
 
 
 def collected() -> None:
@@ -74,6 +78,14 @@ def alone_ended() -> None:
     _write()
 
 
-def lock_waited(seconds: float) -> None:
-    STATE["lock_wait_s"] += seconds
+def lock_wait_started() -> None:
+    STATE["lock_wait_since"] = time.time()
+    _write()
+
+
+def lock_wait_ended() -> None:
+    if STATE["lock_wait_since"] is not None:
+        STATE["lock_wait_s"] += time.time() - STATE["lock_wait_since"]
+        STATE["lock_wait_in_startup"] = STATE["collected_at"] is None
+    STATE["lock_wait_since"] = None
     _write()

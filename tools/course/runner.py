@@ -70,9 +70,12 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
         next_progress = started + PROGRESS_EVERY_S
+        waited = 0.0  # the child's waits for the class's GPU lock (its timing file): the deadline does not count them
         while True:
             now = time.perf_counter()
-            if now - started > deadline_s:
+            if now - started - waited > deadline_s:
+                waited = lock_waits(timing_path)
+            if now - started - waited > deadline_s:
                 hung = True
                 # The whole process group: a run killed while it builds leaves no ninja or nvcc behind to hold
                 # cores that the other runs of a class need (process.kill() stopped pytest alone).
@@ -122,6 +125,16 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
     return result
 
 
+def lock_waits(timing_path: Path) -> float:
+    """Seconds a running child has waited for the class's GPU lock so far (tests/harness/timing.py's file)."""
+    try:
+        timing = json.loads(timing_path.read_text())
+    except (OSError, ValueError):
+        return 0.0
+    ongoing = time.time() - timing["lock_wait_since"] if timing.get("lock_wait_since") else 0.0
+    return timing.get("lock_wait_s", 0.0) + max(ongoing, 0.0)
+
+
 # ---------------------------------------------------------------- where a class's time goes (issue 19)
 # Each result's "phases": seconds per phase of a submission x lab, summed over its processes.
 #   queued       from the start of the class to its first process (waiting for a slot of the pool)
@@ -154,7 +167,12 @@ def process_phases(seconds: float, launched_at: float, ended_at: float, timing: 
     startup = min(max(collected - launched_at, 0.0), seconds) if collected else seconds
     build, perf = min(build, seconds - startup), max(perf, 0.0)
     perf = min(perf, seconds - startup - build)
-    lock_wait = min(timing.get("lock_wait_s", 0.0), seconds - startup - build - perf)
+    lock_wait = timing.get("lock_wait_s", 0.0) + since("lock_wait_since")
+    if timing.get("lock_wait_in_startup"):  # a shared lock, taken before collection: out of the start-up
+        lock_wait = min(lock_wait, startup)
+        startup -= lock_wait
+    else:
+        lock_wait = min(lock_wait, seconds - startup - build - perf)
     phases = {"startup": startup, "build": build, "correctness": seconds - startup - build - perf - lock_wait,
               "perf": perf, "perf_wait": lock_wait}
     return {key: round(value, 3) for key, value in phases.items()}
@@ -324,6 +342,11 @@ class _Progress:
         self.durations: list[float] = []
         self.last = time.perf_counter()
 
+    def planned(self) -> None:
+        """One more run to come (a pool whose runs are known only as the runs before them end)."""
+        with self.lock:
+            self.total += 1
+
     def started(self, job: Job) -> str:
         """Counts the run as running; returns its place, e.g. 3/40."""
         with self.lock:
@@ -368,10 +391,12 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
        `workers` processes, each build given usable_cores() // workers of ninja's parallelism (MAX_JOBS,
        which torch.utils.cpp_extension passes to ninja); then `after(job, result)` (the quick sanitizer pass).
     2. Each job's perf and large cases (`-m ALONE_MARKERS`), merged into its result (merge_phases). With
-       `alone` (a GPU), once the pool has drained, `workers` processes at once that take the GPU one at a time:
-       each holds timing_lock_file()'s lock from its first test to its end, so that nothing runs beside a timing
-       while the next ones start up (python, torch: 8-10 s of a perf run's 10-11 s for lab 00 on an H100);
-       without (no GPU: those cases skip), in the pool, right after the job's first run.
+       `alone` (a GPU) and several workers, started as the job's first run ends, in a pool of their own, each
+       taking timing_lock_file()'s lock exclusively before its first test, while every other child (correctness
+       runs, sanitizer passes) holds it shared from its session's start: a timing shares the GPU with no other
+       run's kernels, while the next runs start up beside it (python, torch: 8-10 s of a perf run's 10-11 s for
+       lab 00 on an H100). With one worker, one after another once the pool has drained, as before --jobs.
+       Without a GPU (those cases skip): in the pool, right after the job's first run.
     A job whose first run died or hung has no second (a single run would have died too, and reported no
     test); one whose lab did not build has its second right away, in the pool (no kernel of it runs, so it
     spoils no timing); one whose kernel broke its CUDA context is graded again, whole, in the second phase (in a single
@@ -417,7 +442,7 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
         if plan and (not alone or (plan == "perf" and result.get("build_failed"))):
             result, plan = second(job, result, plan == "whole", builds), None
         elif plan == "whole":
-            note = " (its kernel broke the CUDA context: it is graded again whole, alone, after the others)"
+            note = " (its kernel broke the CUDA context: it is graded again whole, with the GPU to itself)"
         if plan is None and "total" not in result["phases"]:  # no second run: it died or hung
             result["phases"] = job_phases(result, queued=queued[job], perf_wait=0.0)
         progress.ended(job, result, note)
@@ -430,47 +455,66 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
     first_done: dict[Job, float] = {}
     phase = "correctness runs" if alone else "runs"
     progress = _Progress(phase, len(jobs), workers, say)
+    perf_progress = _Progress("perf and large cases", 0, 1, say)
+    # With a GPU and several workers, a job's perf run starts (python, torch) as soon as its correctness run ends,
+    # and waits for the GPU lock: correctness runs hold it shared, a perf run exclusively (tests/conftest.py).
+    overlap = alone and workers > 1
+    perf_workers = max(2, workers // 2)  # enough start-ups under way to keep the lock busy (8 s each, 1-2 s timed)
+    saved_lock_env = os.environ.get(trees.TIMING_LOCK_ENV)
+
+    def alone_run(job: Job, first: dict, plan: str, extra_env: dict) -> tuple[Job, dict]:
+        say(f"[course] {perf_progress.started(job)} {job.student} {job.lab}: "
+            + ("all its tests again" if plan == "whole" else "its perf and large cases") + " ...")
+        result = second(job, first, plan == "whole", extra_env)
+        perf_progress.ended(job, result)
+        return job, result
+
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    perf_pool = concurrent.futures.ThreadPoolExecutor(max_workers=perf_workers) if overlap else None
     try:
+        exclusive = {}
+        if overlap:
+            lock_file = timing_lock_file()
+            os.environ[trees.TIMING_LOCK_ENV] = f"shared:{lock_file}"  # every child: correctness, sanitizer
+            exclusive = {trees.TIMING_LOCK_ENV: f"exclusive:{lock_file}"}
+            say(f"[course] perf and large cases: each run's start as its correctness run ends, up to {perf_workers} "
+                "at once, and take the GPU in turn when no correctness run holds it (nothing runs beside a timing)")
         pending = {pool.submit(first_phase, job) for job in jobs}
         while pending:
             finished, pending = concurrent.futures.wait(pending, timeout=1.0)
             progress.tick()
+            perf_progress.tick()
             for future in finished:
-                job, result, plan = future.result()
+                job, result, *plan = future.result()
                 results[job] = result
-                if plan:
-                    later.append((job, result, plan))
-        pool.shutdown()
-        if later:
-            say(f"[course] the perf and large cases of {len(later)} run(s): {min(workers, len(later))} start(s) up "
-                "at once, and each takes the GPU in turn (nothing else runs beside a timing)")
+                if plan and plan[0] and perf_pool:
+                    perf_progress.planned()
+                    pending.add(perf_pool.submit(alone_run, job, result, plan[0], exclusive))
+                elif plan and plan[0]:
+                    later.append((job, result, plan[0]))
+        if later:  # one worker: one run at a time, as before --jobs
+            say(f"[course] the perf and large cases of {len(later)} run(s), one at a time (nothing else runs "
+                "beside a timing)")
             order = {job: index for index, job in enumerate(jobs)}
             later.sort(key=lambda item: order[item[0]])
-            progress = _Progress("perf and large cases", len(later), 1, say)
-            lock = {trees.TIMING_LOCK_ENV: str(timing_lock_file())}
-
-            def alone_run(job: Job, first: dict, plan: str) -> tuple[Job, dict]:
-                say(f"[course] {progress.started(job)} {job.student} {job.lab}: "
-                    + ("all its tests again" if plan == "whole" else "its perf and large cases") + " ...")
-                result = second(job, first, plan == "whole", lock)
-                progress.ended(job, result)
-                return job, result
-
-            pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
-            pending = {pool.submit(alone_run, *item) for item in later}
-            while pending:
-                finished, pending = concurrent.futures.wait(pending, timeout=1.0)
-                progress.tick()
-                for future in finished:
-                    job, result = future.result()
-                    results[job] = result
-            pool.shutdown()
+            for job, first, plan in later:
+                perf_progress.planned()
+                results[job] = alone_run(job, first, plan, {})[1]
     except BaseException:
         stopping.set()
-        pool.shutdown(wait=False, cancel_futures=True)
+        for executor in (pool, perf_pool):
+            if executor:
+                executor.shutdown(wait=False, cancel_futures=True)
         stop_all()
         raise
+    finally:
+        if saved_lock_env is None:
+            os.environ.pop(trees.TIMING_LOCK_ENV, None)
+        else:
+            os.environ[trees.TIMING_LOCK_ENV] = saved_lock_env
+    pool.shutdown()
+    if perf_pool:
+        perf_pool.shutdown()
     return {job: results[job] for job in jobs}
 
 
