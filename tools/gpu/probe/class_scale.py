@@ -15,7 +15,7 @@ with cold builds as the whole run has).
 The class: 8 right ones (copies of the solution), 2 untouched skeletons, 2 that do not compile, 2 that crash
 (an illegal address), 1 that hangs (a kernel that never ends: the deadline kills it) and 1 slow-but-right one
 (a grid of one block). Both runs use the same folders, --no-sanitize (the quick sanitizer pass is per
-submission and the same in both; test_course_grader.py covers it) and --deadline 30. Reported: both wall
+submission and the same in both; test_course_grader.py covers it) and --deadline 60 (DEADLINE_S). Reported: both wall
 times and their ratio, whether every submission's pass/fail per test is the same, and the perf ratios of the
 right submissions in both runs (the largest relative difference; the bar is 5%).
 
@@ -58,10 +58,16 @@ CLASS = {
 }
 
 
+# Each grading process's deadline (the build counts): with --jobs 1 a submission's one process builds cold and runs
+# every test, 22-31 s on an H100 for lab 00, so 30 s killed four right ones of a shard (2026-11-26); the hanging one
+# costs the deadline in both runs.
+DEADLINE_S = 60
+
+
 def grade(submissions: Path, jobs: int, out: Path, shard: str | None = None) -> float:
     start = time.perf_counter()
     run = subprocess.run([str(ROOT / "course"), "grade", "00", "--all", "--impl", str(submissions), "--no-sanitize",
-                          "--deadline", "30", "--jobs", str(jobs), "--json", str(out),
+                          "--deadline", str(DEADLINE_S), "--jobs", str(jobs), "--json", str(out),
                           *(["--shard", shard] if shard else [])],
                          capture_output=True, text=True)
     seconds = time.perf_counter() - start
