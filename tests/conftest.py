@@ -90,6 +90,11 @@ def _hold_timing_lock(when: str) -> None:
     import fcntl
 
     handle = open(path, "a")
+    if mode == "exclusive":  # the CUDA context (an allocation: no kernel) before the wait, not in the GPU's turn
+        import torch
+
+        if torch.cuda.is_available():
+            torch.empty(1, device="cuda")
     timing.lock_wait_started()
     fcntl.flock(handle, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
     timing.lock_wait_ended()

@@ -459,7 +459,10 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
     # With a GPU and several workers, a job's perf run starts (python, torch) as soon as its correctness run ends,
     # and waits for the GPU lock: correctness runs hold it shared, a perf run exclusively (tests/conftest.py).
     overlap = alone and workers > 1
-    perf_workers = max(2, workers // 2)  # enough start-ups under way to keep the lock busy (8 s each, 1-2 s timed)
+    # As many perf runs under way as correctness runs: each spends 8-10 s starting up (python, torch) and holds the
+    # GPU 2-3 s (lab 00, H100), so with half as many the lock sat idle behind start-ups (--jobs 8 of 16 submissions:
+    # 122 s, 34 s of it the ten perf runs after the last correctness run, a hang killed at its 60 s deadline).
+    perf_workers = workers
     saved_lock_env = os.environ.get(trees.TIMING_LOCK_ENV)
 
     def alone_run(job: Job, first: dict, plan: str, extra_env: dict) -> tuple[Job, dict]:
