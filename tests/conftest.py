@@ -49,7 +49,7 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     timing.record_to(session.config.getoption("--course-json"))
-    _hold_timing_lock("shared")
+    _hold_timing_lock("session")
 
 
 def pytest_collection_finish(session):
@@ -60,7 +60,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     # The cases a class run gives the GPU alone (runner.ALONE_MARKERS): their time is the perf phase's.
     alone = _alone(item)
-    _hold_timing_lock("exclusive")
+    _hold_timing_lock("test", alone)
     if alone:
         _wait_for_side_work()
         timing.alone_started()
@@ -78,33 +78,41 @@ def _alone(item) -> bool:
 SIDE_WORK_WAIT_S = 900
 
 
-_timing_lock: list = []  # the open file whose lock this process holds, until the session ends
+_timing_lock: dict = {}  # "handle": the open lock file, "held": "shared" or "exclusive", until the session ends
 
 
-def _hold_timing_lock(when: str) -> None:
-    """Take the class's GPU lock (trees.TIMING_LOCK_ENV, MODE:PATH) if this process's MODE takes it `when` ("shared"
-    at the session's start, "exclusive" before its first test), and keep it until the session ends."""
+def _hold_timing_lock(when: str, alone: bool = False) -> None:
+    """The class's GPU lock (trees.TIMING_LOCK_ENV, MODE:PATH), kept until the session ends. MODE "shared" (a
+    correctness run): shared, from the session's start (`when` "session"). MODE "exclusive" (a perf run, or a run
+    graded again whole): before each test (`when` "test"), shared for a correctness case and exclusive from the
+    first perf or large case on; not exclusive once a kernel broke the CUDA context (no later test runs a kernel)."""
     mode, _, path = os.environ.get(trees.TIMING_LOCK_ENV, "").partition(":")
-    if mode != when or _timing_lock:
+    if not mode or (when == "session") != (mode == "shared"):
+        return
+    want = "exclusive" if mode == "exclusive" and alone and not _broken_context else "shared"
+    if _timing_lock.get("held") in (want, "exclusive"):
         return
     import fcntl
 
-    handle = open(path, "a")
-    if mode == "exclusive":  # the CUDA context (an allocation: no kernel) before the wait, not in the GPU's turn
-        import torch
+    if "handle" not in _timing_lock:
+        _timing_lock["handle"] = open(path, "a")
+        if mode == "exclusive":  # the CUDA context (an allocation: no kernel) before any wait, not in a GPU turn
+            import torch
 
-        if torch.cuda.is_available():
-            torch.empty(1, device="cuda")
+            if torch.cuda.is_available():
+                torch.empty(1, device="cuda")
     timing.lock_wait_started()
-    fcntl.flock(handle, fcntl.LOCK_EX if mode == "exclusive" else fcntl.LOCK_SH)
+    # shared -> exclusive lets go first (flock(2)): two runs converting at once cannot deadlock
+    fcntl.flock(_timing_lock["handle"], fcntl.LOCK_EX if want == "exclusive" else fcntl.LOCK_SH)
     timing.lock_wait_ended()
-    _timing_lock.append(handle)
+    _timing_lock["held"] = want
 
 
 def _release_timing_lock() -> None:
     """Before the JSON and the interpreter's exit (CUDA's teardown): no kernel of this session runs after it."""
-    while _timing_lock:
-        _timing_lock.pop().close()
+    if "handle" in _timing_lock:
+        _timing_lock.pop("handle").close()
+    _timing_lock.clear()
 
 
 def _wait_for_side_work() -> None:

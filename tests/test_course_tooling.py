@@ -469,13 +469,13 @@ def test_timed_cases_wait_for_the_side_work_and_run_last(tmp_path):
 
 
 def test_the_timing_lock_keeps_two_runs_tests_apart(tmp_path):
-    """Two pytest processes given the same trees.TIMING_LOCK_ENV file in "exclusive" mode: each holds its lock from
-    its first test to its end, so their tests (1.5 s each, two a process) never overlap, though both started at once;
-    in "shared" mode (the correctness runs) they overlap."""
+    """Two pytest processes given the same trees.TIMING_LOCK_ENV file in "exclusive" mode: each holds the lock from
+    its first perf case to its end, so their perf cases (1.5 s each, two a process) never overlap, though both
+    started at once; in "shared" mode (the correctness runs) they overlap."""
     test_file = tmp_path / "test_two.py"
-    test_file.write_text("import time\n"
-                         "def test_a():\n    print('SPAN', time.time()); time.sleep(1.5)\n"
-                         "def test_b():\n    time.sleep(1.5); print('END', time.time())\n")
+    test_file.write_text("import time\nimport pytest\n"
+                         "@pytest.mark.perf\ndef test_a():\n    print('SPAN', time.time()); time.sleep(1.5)\n"
+                         "@pytest.mark.perf\ndef test_b():\n    time.sleep(1.5); print('END', time.time())\n")
     command = [sys.executable, "-m", "pytest", str(test_file), "-q", "-s", "-p", "no:cacheprovider", "-p", "conftest",
                "--rootdir", str(tmp_path)]
 
@@ -554,3 +554,20 @@ def test_lab08_hopper_backward_model(capsys):
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
     assert model.main() == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("first, reps", [((100.0, 1.0), 3), ((3.0, 0.1), 25), ((10.0, 1.0), 25)])
+def test_a_far_too_slow_kernel_is_timed_a_few_times(monkeypatch, first, reps):
+    """perf.time_pair times a first pair; a kernel FAR_TOO_SLOW x its baseline and over FAR_TOO_SLOW_MS a call gets
+    FAR_TOO_SLOW_REPS reps, anything else (a baseline that does nothing included) the reps asked for."""
+    from harness import perf
+
+    asked = []
+
+    def fake(fns, *, warmup, reps, flush_l2):
+        asked.append(reps)
+        return list(first)
+
+    monkeypatch.setattr(perf.jit, "interleaved_median_ms", fake)
+    assert perf.time_pair(lambda: None, lambda: None) == first
+    assert asked == [1, reps]

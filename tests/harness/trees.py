@@ -40,9 +40,10 @@ SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selecte
 # (perf, large) cases last and starts them once the file is gone (tests/conftest.py), so no timing shares the GPU.
 SIDE_WORK_ENV = "COURSE_SIDE_WORK"
 # MODE:PATH, a file a class's grading processes lock (flock) to share the GPU (tools/course/runner.py, run_class):
-# "shared" (the correctness runs: from the start of the session, before torch is imported, to its end) or
-# "exclusive" (the perf runs: from the first test to the end of the session), so that a timing shares the GPU with
-# no other run's kernels, while the other runs start up (python, torch) beside it.
+# "shared" (the correctness runs: shared, from the start of the session, before torch is imported, to its end) or
+# "exclusive" (the perf runs and the runs graded again whole: shared for correctness cases, exclusive from the
+# first perf or large case to the end; tests/conftest.py), so that a timing shares the GPU with no other run's
+# kernels, while the other runs start up (python, torch) beside it.
 TIMING_LOCK_ENV = "COURSE_TIMING_LOCK"
 LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
 # CUDA and C++ sources and headers: their comments (and so their solution markers) start with //.
