@@ -1,10 +1,10 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 234c4a52f80b].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act.cu by `./course labs` [lab-hash 0c1c69855de5].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05: out = act(x @ weight^T + bias) on tensor cores, in one kernel.
 // Data path: global -> shared (cp.async, a ring of kStages tiles) -> registers (ldmatrix)
-// -> tensor cores (mma.sync, fp32 accumulators in registers) -> bias + activation -> global,
-// each output element written once.
+// -> tensor cores (mma.sync, fp32 accumulators in registers) -> bias + activation -> shared
+// (the freed ring, for 16-byte stores) -> global, each output element written once.
 #include <course/cuda.cuh>
 
 #include <stdexcept>
@@ -145,12 +145,44 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 
   // --8<-- [start:epilogue]
-  // Straight from the accumulator registers: each lane owns pairs of adjacent columns, so a
-  // pair is one 4-byte store; bias is read once per column pair, the output written once.
-  // TODO(lab05.3): for every accumulator pair (registers 0,1 and 2,3 of accumulators[i][j]), find its row and
-  //   column with accumulator_position (offset by block_row + warp_row + 16 i and block_col + warp_col + 8 j), skip it
-  //   outside [M, N), add bias[column] to each value, apply activate(..., activation) and store_pair it to out[row * N
-  //   + column]
+  // The epilogue: bias and activation in fp32, one rounding, each output written once, through shared memory.
+  // Why not straight from the registers: a lane's accumulator pair is 4 bytes, so a store from the fragments
+  // writes 8 rows x 16 bytes an instruction, and the first version of this kernel did that: at 8192 x 8192 x 64,
+  // where writing the output is most of the work, its output left at 18% of copy bandwidth and it ran 0.61x the
+  // unfused layer. Staged here first, each lane stores 16 bytes and an instruction writes 4 whole 128-byte row
+  // segments: 1.22x (H100; lesson section 6).
+  //  - Space: the cp.async ring, 32 KB for the 4 warps' 64 x 64 tiles of 2-byte outputs (8 KB each): the whole
+  //    ring at 2 stages (sm_75). It is free once no copy is in flight (every group committed after the last tile
+  //    is empty; wait_copies<0> makes that explicit) and no warp reads its last tile any more: a barrier.
+  //  - Layout: a warp's tile as kWarpM rows of kStageChunksPerRow 16-byte chunks, swizzled as the operand tiles
+  //    are (mma.cuh): chunk c of row r at swizzled_chunk<8>(r, c) = 8 r + (c ^ (r % 8)). An n8 accumulator tile
+  //    j is chunk column j, and register pair h of lane (g, t) = (lane / 4, lane % 4) in tile (i, j) is word t of
+  //    chunk j of row 16 i + 8 h + g: one 4-byte write a lane. The warp's 8 rows g = 0..7 put chunk j in 8
+  //    different chunk slots j ^ g, each slot 4 banks, and t picks the bank: 32 lanes on 32 banks, no conflict.
+  //    Unswizzled, every 128-byte row starts at bank 0: all 8 rows on the same 4 banks, an 8-way conflict.
+  //  - Reading back: lane l takes chunk l % 8 of row l / 8 + 4 p. A 16-byte load is served 8 lanes at a time,
+  //    and 8 lanes read the 8 chunks of one row (a permutation of them): the 32 banks once, no conflict.
+  //  - Bias: read per n8 tile, two loads before the tile's writes, as the first version read it. Loaded before
+  //    the main loop instead (a 4-byte pair a tile), it measured 0.56x alone and 1.26x with the staging, but
+  //    0.447x cuBLAS at 4096^3 against this epilogue's 0.489x: the stores were what cost.
+  constexpr int kStageChunksPerRow = kWarpN / kElementsPerChunk;      // 8: a row of the warp tile, 128 bytes
+  constexpr int kStageRowsPerStore = kWarpSize / kStageChunksPerRow;  // 4 rows a warp's 16-byte store covers
+  static_assert(kMmaN == kElementsPerChunk, "an n8 accumulator tile is one 16-byte chunk column");
+  static_assert(kThreads / kWarpSize * kWarpM * kStageChunksPerRow <= kStages * (kTileAChunks + kTileBChunks),
+                "every warp's staging area fits in the ring");
+  static_assert(kWarpM % kStageRowsPerStore == 0, "whole store instructions per warp tile");
+  // TODO(lab05.3): the staged epilogue, in four steps (the layout is the one described above):
+  //   (1) wait_copies<0>(), then __syncthreads(): after it no warp reads the ring, which becomes the staging area.
+  //   (2) Stage: this warp's area is kWarpM rows of kStageChunksPerRow uint4 chunks from shared_chunks + warp *
+  //       kWarpM * kStageChunksPerRow. For every accumulator pair (registers 0,1 and 2,3 of accumulators[i][j]),
+  //       find its row r and column c in the warp tile with accumulator_position (+ 16 i, + 8 j). Skip it if its
+  //       output column, column = block_col + warp_col + c, is >= N; else add bias[column] and bias[column + 1],
+  //       apply activate(..., activation) to both, round them into one 4-byte word (course::pack_pair<T>) and
+  //       write it as word (c % 8) / 2 of chunk swizzled_chunk<kStageChunksPerRow>(r, j) of the area.
+  //   (3) __syncwarp(): the lanes are about to read what other lanes of the warp wrote.
+  //   (4) Store: lane l copies chunk l % kStageChunksPerRow of rows l / kStageChunksPerRow + kStageRowsPerStore p
+  //       (p = 0, 1, ...) from its swizzled place to out[row * N + column] as one uint4, with int64 offsets,
+  //       skipping rows >= M and columns >= N.
   // --8<-- [end:epilogue]
 }
 
