@@ -109,9 +109,28 @@ def _hold_timing_lock(when: str, alone: bool = False) -> None:
 
 
 def _release_timing_lock() -> None:
-    """Before the JSON and the interpreter's exit (CUDA's teardown): no kernel of this session runs after it."""
-    if "handle" in _timing_lock:
-        _timing_lock.pop("handle").close()
+    """At the session's end, before the JSON and the interpreter's exit: no kernel of this session runs after it.
+    Only once this process holds no GPU memory, though: the next holder's large case needs it (a skeleton's failed
+    past-2^31 case kept 45 GB alive through its traceback, and the next perf run's cases ran out of memory, H100,
+    2026-11-26). Otherwise the lock goes with the process, when it exits."""
+    if "handle" not in _timing_lock:
+        return
+    import gc
+
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # pytest keeps the last failure's frames
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            if torch.cuda.memory_reserved() > 0:
+                return
+        except RuntimeError:  # a broken CUDA context: its memory goes when the process does
+            return
+    _timing_lock.pop("handle").close()
     _timing_lock.clear()
 
 
