@@ -53,9 +53,6 @@ LAB = trees.find_lab("09")
 NAMESPACE = "course"  # ops.cpp's COURSE_OPS_NAMESPACE in both ahead-of-time builds
 CMAKE_DIR = trees.BUILD / "cmake"
 WHEEL_DIR = trees.BUILD / "wheel"
-# setuptools 65 (the course's venv) has no bdist_wheel of its own: `wheel` provides it, installed with pip --target
-# into the course's cache, not into the venv (the same folder as tests/lab09_stable_abi.py's: the same key).
-WHEEL_PACKAGE = "wheel==0.48.0"
 # What an op library must not need: it is loaded into a python that has these already, or into C++.
 PYTHON_LIBRARIES = re.compile(r"^lib(python\d|torch_python)")
 CPU_REFUSAL = f"Could not run '{NAMESPACE}::bias_gelu' with arguments from the 'CPU' backend"
@@ -165,19 +162,6 @@ def _course_env():
     return module
 
 
-def _wheel_package_path() -> str | None:
-    """A PYTHONPATH entry providing `wheel` (bdist_wheel), or None when this python has it."""
-    if importlib.util.find_spec("wheel") is not None:
-        return None
-    target = _course_env().cache_dir() / f"pip-target-{hashlib.sha256(WHEEL_PACKAGE.encode()).hexdigest()[:12]}"
-    stamp = target / ".installed"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
-                        "--target", str(target), WHEEL_PACKAGE], check=True)
-        stamp.write_text(WHEEL_PACKAGE + "\n")
-    return str(target)
-
-
 def wheel_inputs(lab_dir: Path) -> list[Path]:
     """Every file the wheel is made from: the package folder, the lab's sources and Python files, the sources and
     headers of the labs depends.txt names, the course's headers, and jit.py (setup.py reads its rules)."""
@@ -212,7 +196,7 @@ def wheel(tag: str) -> Path:
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")  # wheel's bdist_wheel warns of setuptools' own
-    extra = _wheel_package_path()
+    extra = _course_env().bdist_wheel_path()  # setuptools 65 has no bdist_wheel of its own
     if extra:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra, env.get("PYTHONPATH")]))
     log = WHEEL_DIR / tag / "pip-wheel.log"

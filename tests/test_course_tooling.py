@@ -236,6 +236,14 @@ def test_every_subcommand_has_help(command):
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
 
 
+def test_top_level_help_lists_every_subcommand():
+    """`./course --help` formats every subcommand's help with %: a literal '%' in one crashed it (2026-11-26)."""
+    result = subprocess.run([COURSE, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
+    for command in ("test", "grade", "sanitize", "profile", "bench"):
+        assert command in result.stdout, f"./course --help does not list {command}:\n{result.stdout}"
+
+
 def test_unknown_lab_is_a_clear_error():
     result = subprocess.run([COURSE, "build", "97"], capture_output=True, text=True)
     assert result.returncode == 2 and "no lab '97'" in result.stdout

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/normalization.h by `./course labs` [lab-hash b0ce530fcdb1].
+// Lab skeleton generated from solutions/07-fused-normalization/normalization.h by `./course labs` [lab-hash db265cfe8849].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's kernel launchers: plain pointers, sizes and a stream, no torch types, so the kernel
@@ -26,9 +26,13 @@ using course::to_compute;
 using course::vectorizable;
 
 // How a row is read. kRegisters: from HBM once, into registers, then reduced and written from
-// there; only rows up to max_register_row<T>() fit. kStreaming: any length, two passes over the
-// row (the second one re-reads it). kAuto: kRegisters when the row fits, else kStreaming.
-enum class RowPath { kAuto, kRegisters, kStreaming };
+// there; only rows up to max_register_row<T>() fit. kOnChip (softmax only): a longer row, still
+// read once, kept in a 1024-thread block's registers and shared memory (forward) or in the
+// registers of a cluster of such blocks (backward, sm_90), up to softmax_on_chip_row<T>() on the
+// GPU at hand. kStreaming: any length, two passes over the row (the second one re-reads it).
+// kAuto: kRegisters when the row fits, else kOnChip where this GPU and dtype take the row, else
+// kStreaming.
+enum class RowPath { kAuto, kRegisters, kOnChip, kStreaming };
 
 // --8<-- [start:constants]
 // 256 threads = 8 warps per block, for lesson 00's reasons: whole warps, and 2048 / 256 = 8
@@ -80,6 +84,81 @@ constexpr int kStreamThreads = 1024;
 // flight a thread, 64 KB an SM at 1024 threads. (Not measured against 2 or 8.)
 constexpr int kStreamPacksInFlight = 4;
 
+// --8<-- [start:on_chip]
+// The on-chip path of softmax (issue 13): a row past the register path read from HBM once and kept
+// on chip until its output is written, instead of streaming it twice with the second read served
+// by L2 only in part. Measured with tools/gpu/probe/lab07_softmax_onepass.py on an H200 at 4096 x
+// 65536 float32 (tools/gpu/NOTES.md, lab 07): forward 92.1% of copy against the streaming
+// kernel's 65.7%, backward 100.7% against 68.2%.
+//
+// Forward: one block of kOnChipThreads per row, the largest block there is, so that a row is one
+// SM's: a 1024-thread block holds the SM's whole register file (65536 32-bit registers / 1024 =
+// 64 a thread, what __launch_bounds__(1024, 1) lets ptxas use). A thread keeps
+// kOnChipRegisterBytes = 128 bytes of its row in registers (32 floats: half of its 64 registers;
+// the other half holds addresses, the thread's max and sum, and the loop) and as many again in
+// dynamic shared memory, which cp.async fills without passing the bytes through registers:
+//   registers       1024 threads x 32 floats x 4 bytes = 128 KiB
+//   shared memory   1024 threads x 32 floats x 4 bytes = 128 KiB (opt-in per block: sm_90 227
+//                   KiB, sm_80 163 KiB, sm_86 / sm_89 99 KiB, sm_75 64 KiB)
+//   the row         2 x 32 x 1024 = 65536 floats (256 KiB), 32768 doubles (16 + 16 a thread)
+// As CuTe-style layouts (shape):(stride) in elements, float rows (4 elements a 16-byte pack):
+//   registers       (4, 1024, 8):(1, 4, 4096)          element e of pack j of thread t: column
+//                                                      e + 4 t + 4096 j (RowSlice's order)
+//   shared memory   (4, 1024, 8):(1, 4, 4096) + 32768  the same past the registers' 32768 columns
+// so each of a warp's 8 + 8 loads is 512 contiguous bytes. A row of n < 65536 fills the slots it
+// reaches, and its launch allocates only the shared memory those need (none for n <= 32768): a
+// GPU whose opt-in is smaller takes rows up to what it holds and streams the longer ones
+// (softmax_on_chip_row<T>(), asked at run time). cp.async is sm_80's; sm_75 streams.
+// Forward for float and double only, where an element is its compute type: cp.async copies bytes,
+// and the kernel overwrites each shared slot in place with its exp. A 16-bit row would have to
+// keep its shared half as stored and compute those exps twice (not written, not measured): 16-bit
+// rows past the register path stream.
+constexpr int kOnChipThreads = 1024;
+constexpr int kOnChipRegisterBytes = 128;
+template <typename T>
+constexpr bool kOnChipForward = sizeof(T) == sizeof(Compute<T>);
+// Elements of the row a thread keeps in registers, and as many again in shared memory.
+template <typename T>
+constexpr int kOnChipElemsPerThread = kOnChipRegisterBytes / static_cast<int>(sizeof(Compute<T>));
+template <typename T>
+constexpr int64_t max_on_chip_forward_row() {
+  return kOnChipForward<T> ? int64_t{2} * kOnChipThreads * kOnChipElemsPerThread<T> : 0;
+}
+// The shared-memory half at its largest: the row's other 128 KiB.
+constexpr int kOnChipSharedBytes = kOnChipThreads * kOnChipRegisterBytes;
+static_assert(max_on_chip_forward_row<float>() == 65536 && max_on_chip_forward_row<double>() == 32768 &&
+                  max_on_chip_forward_row<__nv_bfloat16>() == 0,
+              "65536 floats or 32768 doubles a row; 16-bit rows stream");
+static_assert(kOnChipSharedBytes == 128 * 1024 && kOnChipSharedBytes <= 163 * 1024,
+              "the shared half fits sm_80's opt-in, and sm_90's with room to spare");
+static_assert(kOnChipThreads * 64 == 65536, "64 registers a thread: one block holds an SM's register file");
+
+// Backward: grad_x = y (grad_y - dot(grad_y, y)) needs both y and grad_y until the dot is known,
+// 512 KiB of a float row: more than one SM holds (256 KiB of registers + 227 KiB of shared
+// memory). A thread-block cluster (sm_90) of kClusterBlocks blocks of 1024 threads, on as many
+// SMs, takes a row, each block a quarter of it in registers; each block's partial dot is read by
+// all four through distributed shared memory. A thread holds kClusterOperandBytes = 64 bytes of
+// each operand (16 floats of y and 16 of grad_y: 32 of its 64 registers):
+//   the row         4 blocks x 1024 threads x 16 = 65536 floats, half or bfloat16 (computed in
+//                   float), 32768 doubles (8 a thread)
+//   block r         (4, 1024, 4):(1, 4, 4096) + 16384 r   (float; RowSlice's order in each block)
+// The probe's other layouts (4 blocks of 512 with grad_y in shared memory: 99.4% of copy; 8 of
+// 512: 98.4%; 8 of 256: 99.5%) were no faster than this one (100.7%), the simplest: registers
+// only, no shared memory but the four partial dots.
+constexpr int kClusterBlocks = 4;
+constexpr int kClusterOperandBytes = 64;
+template <typename T>
+constexpr int kClusterElemsPerThread = kClusterOperandBytes / static_cast<int>(sizeof(Compute<T>));
+template <typename T>
+constexpr int64_t max_on_chip_backward_row() {
+  return int64_t{kClusterBlocks} * kOnChipThreads * kClusterElemsPerThread<T>;
+}
+static_assert(max_on_chip_backward_row<float>() == 65536 && max_on_chip_backward_row<__half>() == 65536 &&
+                  max_on_chip_backward_row<double>() == 32768,
+              "65536 elements a row (32768 doubles)");
+static_assert(kClusterBlocks <= 8, "a portable cluster size: at most 8 blocks");
+// --8<-- [end:on_chip]
+
 // RMSNorm's grad_weight, like lab 06's grad_bias, is summed in two kernels so that it is bitwise
 // reproducible: block b takes rows [b rows_per_chunk, (b + 1) rows_per_chunk) and writes the
 // column sums of its rows to partials[b, :]; a finalize kernel adds partials[0..chunks) of each
@@ -115,15 +194,26 @@ struct NormConstants {
   int min_elems_per_thread;
   int64_t max_partial_rows;
   int finalize_row_lanes;
+  int on_chip_threads;
+  int cluster_blocks;
 };
 constexpr NormConstants kNormConstants{course::kWarpSize, kThreadsPerBlock,   kStreamThreads,  kStreamPacksInFlight,
-                                       kVectorBytes,      kMinElemsPerThread, kMaxPartialRows, kRowLanes};
+                                       kVectorBytes,      kMinElemsPerThread, kMaxPartialRows, kRowLanes,
+                                       kOnChipThreads,    kClusterBlocks};
 
-// y = softmax(x) over each row. path kRegisters requires n <= max_register_row<T>().
+// The longest row softmax's on-chip path takes on the current GPU, forward or backward, for
+// element type T: 0 where it takes none (a 16-bit forward; a forward on sm_75; a backward without
+// thread-block clusters, or where no cluster of the kernel can be resident; a build without code
+// for this GPU's architecture). Asked once per GPU, then cached.
+template <typename T>
+int64_t softmax_on_chip_row(bool backward);
+
+// y = softmax(x) over each row. path kRegisters requires n <= max_register_row<T>(), kOnChip
+// n <= softmax_on_chip_row<T>(false).
 template <typename T>
 void launch_softmax_forward(const T* x, T* y, int64_t rows, int64_t n, RowPath path, cudaStream_t stream);
 
-// grad_x = y * (grad_y - sum(grad_y * y)) per row.
+// grad_x = y * (grad_y - sum(grad_y * y)) per row. path kOnChip requires n <= softmax_on_chip_row<T>(true).
 template <typename T>
 void launch_softmax_backward(const T* grad_y, const T* y, T* grad_x, int64_t rows, int64_t n, RowPath path,
                              cudaStream_t stream);

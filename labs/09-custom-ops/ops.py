@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/ops.py by `./course labs` [lab-hash 34c1ab7992a8].
+# Lab skeleton generated from solutions/09-custom-ops/ops.py by `./course labs` [lab-hash bace68c7b92d].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """Lab 09, Python side: what the dispatcher needs beside ops.cpp's CUDA kernels.
@@ -56,7 +56,8 @@ def register_autograds(ns: str) -> None:
 def register(ns: str):
     """Register the fakes and autograd formulas of torch.ops.<ns> (once per namespace; the library
     that defines the namespace must be loaded first) and return torch.ops.<ns>."""
-    if not hasattr(torch.ops, ns) or not hasattr(getattr(torch.ops, ns), "bias_gelu"):
+    # torch.ops makes any namespace on first access: only the op's lookup can fail.
+    if not hasattr(getattr(torch.ops, ns), "bias_gelu"):
         raise RuntimeError(f"torch.ops.{ns}.bias_gelu does not exist: either the op library is not loaded "
                            f"(torch.ops.load_library on the built .so, or import the installed package), or "
                            f"ops.cpp's TORCH_LIBRARY block does not define it yet (TODO lab09.1)")

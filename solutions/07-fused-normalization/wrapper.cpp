@@ -18,13 +18,23 @@ using course::cuda_data;
 using course::cuda_mutable_data;
 using course::CudaType;
 
-RowPath parse_path(const std::string& path, const char* op) {
+// `on_chip`: whether the op has the on-chip path (softmax's forward and backward; RMSNorm has none).
+RowPath parse_path(const std::string& path, const char* op, bool on_chip) {
   if (path == "auto") return RowPath::kAuto;
   if (path == "registers") return RowPath::kRegisters;
-  TORCH_CHECK(path == "streaming", op,
-              ": path must be 'auto' (registers when the row fits, else streaming), 'registers' (the row read once, "
-              "kept in registers) or 'streaming' (any row length, two passes); got '",
-              path, "'");
+  if (path == "on_chip") {
+    TORCH_CHECK(on_chip, op,
+                ": path='on_chip' is softmax's (a long row kept on chip); this op takes 'auto', 'registers' or "
+                "'streaming'");
+    return RowPath::kOnChip;
+  }
+  TORCH_CHECK(path == "streaming", op, ": path must be 'auto' (registers when the row fits, else ",
+              on_chip ? "on chip where this GPU takes the row, else " : "",
+              "streaming), 'registers' (the row read once, kept in registers), ",
+              on_chip ? "'on_chip' (a longer row read once, kept in a block's registers and shared memory, or a "
+                        "cluster's registers) "
+                      : "",
+              "or 'streaming' (any row length, two passes); got '", path, "'");
   return RowPath::kStreaming;
 }
 
@@ -83,6 +93,29 @@ void check_registers_fit(RowPath path, const at::Tensor& x, const char* op) {
               course::python_dtype(x.scalar_type()), ", and x has rows of ", std::to_string(x.size(-1)),
               "; use path='streaming' (or 'auto', which picks it)");
 }
+
+// path='on_chip' on a row this GPU's on-chip path takes (softmax_on_chip_row: the dtype, the row
+// length, and what the GPU offers). Call with x's device current: the answer is per GPU.
+void check_on_chip_fits(RowPath path, const at::Tensor& x, bool backward, const char* op) {
+  if (path != RowPath::kOnChip) return;
+  int64_t longest = 0;
+  switch (x.scalar_type()) {
+    case at::kDouble: longest = softmax_on_chip_row<double>(backward); break;
+    case at::kFloat: longest = softmax_on_chip_row<float>(backward); break;
+    case at::kBFloat16: longest = softmax_on_chip_row<__nv_bfloat16>(backward); break;
+    default: longest = softmax_on_chip_row<__half>(backward);  // check_x has left float16 alone
+  }
+  const std::string dtype = course::python_dtype(x.scalar_type());
+  TORCH_CHECK(longest > 0, op, ": path='on_chip' does not run here for ", dtype, ": ",
+              backward ? "the backward needs thread-block clusters (compute capability 9.0, and a build for it: "
+                         "TORCH_CUDA_ARCH_LIST with 9.0a)"
+                       : "the forward keeps rows on chip for torch.float32 and torch.float64 only, and needs cp.async "
+                         "(compute capability 8.0 or newer)",
+              "; use path='streaming' (or 'auto', which picks it)");
+  TORCH_CHECK(x.size(-1) <= longest, op, ": path='on_chip' keeps a row on chip only up to ", std::to_string(longest),
+              " elements of ", dtype, " on this GPU, and x has rows of ", std::to_string(x.size(-1)),
+              "; use path='streaming' (or 'auto', which picks it)");
+}
 // --8<-- [end:checks]
 
 // Leading dimensions flatten into rows: x (..., N) is rows x N, row-major (rows > 0 even when N = 0).
@@ -96,10 +129,11 @@ at::ScalarType compute_dtype(const at::Tensor& x) { return x.scalar_type() == at
 // --8<-- [start:softmax]
 at::Tensor softmax(const at::Tensor& x, const std::string& path) {
   constexpr const char* op = "softmax";
-  const RowPath row_path = parse_path(path, op);
+  const RowPath row_path = parse_path(path, op, true);
   check_x(x, op, "x");
   check_registers_fit(row_path, x, op);
   const c10::cuda::CUDAGuard device_guard(x.device());  // launch on x's GPU, whichever is current
+  check_on_chip_fits(row_path, x, false, op);
   at::Tensor y = at::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
     launch_softmax_forward<CudaType<scalar_t>>(cuda_data<scalar_t>(x), cuda_mutable_data<scalar_t>(y), rows_of(x),
@@ -111,11 +145,12 @@ at::Tensor softmax(const at::Tensor& x, const std::string& path) {
 
 at::Tensor softmax_backward(const at::Tensor& grad_y, const at::Tensor& y, const std::string& path) {
   constexpr const char* op = "softmax_backward";
-  const RowPath row_path = parse_path(path, op);
+  const RowPath row_path = parse_path(path, op, true);
   check_x(y, op, "y");
   check_like(grad_y, y, op, "grad_y", "y");
   check_registers_fit(row_path, y, op);
   const c10::cuda::CUDAGuard device_guard(y.device());
+  check_on_chip_fits(row_path, y, true, op);
   at::Tensor grad_x = at::empty(y.sizes(), y.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), op, [&] {
     launch_softmax_backward<CudaType<scalar_t>>(cuda_data<scalar_t>(grad_y), cuda_data<scalar_t>(y),
@@ -131,7 +166,7 @@ namespace {
 // y and rstd by value: a handle, whose data the launch writes.
 void run_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& path,
                   at::Tensor y, at::Tensor rstd) {
-  const RowPath row_path = parse_path(path, op);
+  const RowPath row_path = parse_path(path, op, false);
   check_x(x, op, "x");
   check_weight(weight, x, op);
   TORCH_CHECK(std::isfinite(eps) && eps >= 0, op,
@@ -183,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, c
                                                      const at::Tensor& weight, const at::Tensor& rstd,
                                                      const std::string& path) {
   constexpr const char* op = "rms_norm_backward";
-  const RowPath row_path = parse_path(path, op);
+  const RowPath row_path = parse_path(path, op, false);
   check_x(x, op, "x");
   check_like(grad_y, x, op, "grad_y", "x");
   check_weight(weight, x, op);

@@ -96,6 +96,17 @@ def dependency_stubs(lab_dir: str | Path, build_dir: str | Path) -> list[Path]:
     return stubs
 
 
+def drop_python_rpath() -> None:
+    """For a setuptools build of a library that links no libpython (lab 09's wheels): a python built with
+    --enable-shared (pyenv's) links extensions with -rpath to its own lib folder, a RUNPATH naming the build
+    machine's python that the library has no use for. Drops it from LDSHARED, unless LDSHARED is set already."""
+    import sysconfig
+
+    ldshared = sysconfig.get_config_var("LDSHARED")
+    if ldshared:
+        os.environ.setdefault("LDSHARED", " ".join(a for a in ldshared.split() if not a.startswith("-Wl,-rpath")))
+
+
 def is_op_library(sources: Sequence[Path]) -> bool:
     """A lab without a PYBIND11_MODULE is an op library: its ops register with the dispatcher
     (TORCH_LIBRARY) when the shared library is loaded, and there is no Python module to import."""

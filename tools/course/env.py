@@ -64,6 +64,25 @@ def cache_dir() -> Path:
     return Path(base) / "gpu-ops-course"
 
 
+# setuptools >= 70.1 builds wheels itself; older ones (the venv's 65) take bdist_wheel from this package. Lab 09's
+# wheels alone need it, so it is installed beside the venv (pip --target into the cache), not pinned into it.
+WHEEL_PACKAGE = "wheel==0.48.0"
+
+
+def bdist_wheel_path() -> str | None:
+    """A PYTHONPATH entry that gives this python bdist_wheel (WHEEL_PACKAGE, installed once into the cache), or
+    None when it has one already."""
+    if any(importlib.util.find_spec(name) is not None for name in ("wheel", "setuptools.command.bdist_wheel")):
+        return None
+    target = cache_dir() / f"pip-target-{hashlib.sha256(WHEEL_PACKAGE.encode()).hexdigest()[:12]}"
+    stamp = target / ".installed"
+    if not stamp.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
+                        "--target", str(target), WHEEL_PACKAGE], check=True)
+        stamp.write_text(WHEEL_PACKAGE + "\n")
+    return str(target)
+
+
 def venv_python() -> Path:
     return ROOT / ".venv" / "bin" / "python"
 

@@ -4,6 +4,7 @@ tool; a row per tool says what it found, in the tool's own words.
 """
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import re
 import shutil
@@ -49,19 +50,32 @@ def sanitizer_available() -> bool:
 
 
 def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
-             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False) -> list[dict]:
+             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False,
+             select: str | None = None) -> list[dict]:
     """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool.
     `label_prefix` keeps the logs of concurrent runs apart (build/logs/PREFIXsanitize-NN-TOOL.log).
 
-    The quick pass runs its tools at once: each is a process that spends most of its time starting CUDA
-    under the tool and JIT-loading the cached build, on a few small cases that share the GPU harmlessly
-    (none is timed), so three at once take about as long as the slowest one instead of the sum."""
+    The tools run at once, each its own process: none of the cases is timed, so they share the GPU harmlessly,
+    and the pass takes about as long as its slowest tool instead of the sum (lab 06's quick pass: 24 s against
+    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 10 minutes).
+    The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases); `select`, a pytest
+    -k expression, narrows it further (./course sanitize -k)."""
+    exclude = None if quick else excluded_cases(test_file)
+
     def one_tool(tool: str) -> dict:
         label = f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
         selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
+        if exclude:
+            selection = [*selection[:-1], f"{selection[-1]} and not ({exclude})"]
+        if select:
+            selection = [*selection[:-1], f"{selection[-1]} and ({select})"]
+        # A line a test in the log (the runner's -q prints dots, and a line of dots reaches the log only when it
+        # ends), and the slowest tests at the end: lab 08's pass printed nothing at all in 320 s on an H200, and its
+        # log could not say whether one test or all of them were slow under the tools.
+        selection = [*selection, "-v", "-v", "--durations=15"]
         result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
                             deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
                             quiet=quiet or quick)
@@ -78,13 +92,25 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
                 "summaries": summaries[:4],
                 "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]}
 
-    if not quick:
-        return [one_tool(tool) for tool in tools]
     if not quiet:
-        print(f"[course] {label_prefix}sanitize-{lab_number}: the quick pass, {', '.join(tools)} at once ...",
-              flush=True)
+        what = ("the quick pass" if quick else "every correctness case" + (f" but ({exclude})" if exclude else "")
+                + (f" that -k '{select}' selects" if select else ""))
+        print(f"[course] {label_prefix}sanitize-{lab_number}: {what}, {', '.join(tools)} at once ...", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(tools)) as pool:
         return list(pool.map(one_tool, tools))
+
+
+def excluded_cases(test_file: Path) -> str | None:
+    """The test file's SANITIZE_EXCLUDE, a pytest -k expression (e.g. "2048x2048 or 4224x4224"): cases the full
+    pass leaves out because they only repeat smaller ones at a size that costs minutes under the tools (lab 08's
+    memcheck over every case ran past 7 minutes on an H200). Read from the source, not imported: the tool's
+    process has no business importing torch and the lab."""
+    for node in ast.parse(Path(test_file).read_text()).body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SANITIZE_EXCLUDE"
+                                                 for t in node.targets)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    return None
 
 
 def findings_of(log_text: str) -> list[str]:

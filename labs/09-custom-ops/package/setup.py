@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/package/setup.py by `./course labs` [lab-hash 815d305a2649].
+# Lab skeleton generated from solutions/09-custom-ops/package/setup.py by `./course labs` [lab-hash e5d01cd55744].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """The course_ops wheel: lab 09's op library built with setuptools and torch's CUDAExtension.
@@ -22,7 +22,6 @@ into this folder: `./course labs` copies every file under solutions/ into labs/.
 import importlib.metadata
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -40,11 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "harness"))
 import jit  # noqa: E402  (the grader's build rules: sources, depends.txt, flags; standard library only)
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # one target: the course's GPU, and a short build
-# A python built with --enable-shared (pyenv's) links extensions with -rpath to its own lib folder: a
-# RUNPATH naming the build machine's python, which this library (no libpython) has no use for.
-_LDSHARED = sysconfig.get_config_var("LDSHARED")
-if _LDSHARED:
-    os.environ.setdefault("LDSHARED", " ".join(a for a in _LDSHARED.split() if not a.startswith("-Wl,-rpath")))
+jit.drop_python_rpath()  # no RUNPATH naming this machine's python: the library links no libpython
 
 dependencies = jit.lab_dependencies(LAB)
 sources = jit.lab_sources(LAB) + jit.dependency_sources(LAB) + [HERE / "pyinit_stub.cpp"]

@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/stable/setup.py by `./course labs` [lab-hash 60331ab25597].
+# Lab skeleton generated from solutions/09-custom-ops/stable/setup.py by `./course labs` [lab-hash b7b1f094fb8c].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """The stable-ABI wheel of lesson 06's bias + GELU: one binary for every torch from 2.10 on, any CPython >= 3.10.
@@ -24,7 +24,6 @@ stream's getter, is looked up at run time (bias_gelu_stable.cpp says why).
 """
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -40,11 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "harness"))
 import jit  # noqa: E402
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # one target keeps the build (and CI) short
-# A python built with --enable-shared (pyenv's) links extensions with -rpath to its own lib folder:
-# a RUNPATH naming the build machine's python, which this library (no libpython) has no use for.
-_LDSHARED = sysconfig.get_config_var("LDSHARED")
-if _LDSHARED:
-    os.environ.setdefault("LDSHARED", " ".join(a for a in _LDSHARED.split() if not a.startswith("-Wl,-rpath")))
+jit.drop_python_rpath()  # no RUNPATH naming this machine's python: the library links no libpython
 
 # The oldest torch this binary loads in: the stable headers hide every newer API (a compile error,
 # not a load-time surprise) and make ATen and c10 headers an #error. 0xMMmm000000000000 = MM.mm.

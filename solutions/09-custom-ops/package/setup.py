@@ -19,7 +19,6 @@ into this folder: `./course labs` copies every file under solutions/ into labs/.
 import importlib.metadata
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -37,11 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "harness"))
 import jit  # noqa: E402  (the grader's build rules: sources, depends.txt, flags; standard library only)
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # one target: the course's GPU, and a short build
-# A python built with --enable-shared (pyenv's) links extensions with -rpath to its own lib folder: a
-# RUNPATH naming the build machine's python, which this library (no libpython) has no use for.
-_LDSHARED = sysconfig.get_config_var("LDSHARED")
-if _LDSHARED:
-    os.environ.setdefault("LDSHARED", " ".join(a for a in _LDSHARED.split() if not a.startswith("-Wl,-rpath")))
+jit.drop_python_rpath()  # no RUNPATH naming this machine's python: the library links no libpython
 
 dependencies = jit.lab_dependencies(LAB)
 sources = jit.lab_sources(LAB) + jit.dependency_sources(LAB) + [HERE / "pyinit_stub.cpp"]

@@ -12,7 +12,6 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
-#include <torch/headeronly/util/Exception.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,7 +20,7 @@
 
 #include <cstdint>
 #include <optional>
-#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -33,6 +32,24 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 constexpr const char* kOp = "course_stable::bias_gelu";
+
+// The checks. The stable headers' STD_TORCH_CHECK builds its message in an std::ostringstream and
+// always writes __LINE__, an int, into it (torch/headeronly/util/Exception.h); on the GPU box an
+// integer written to a stream from extension code crashes with SIGSEGV (include/course/torch_op.h),
+// so the first check that failed there killed the process instead of raising (2026-11-26). This
+// one concatenates strings only and throws what STD_TORCH_CHECK throws, std::runtime_error, which
+// the dispatcher hands to Python as a RuntimeError. Every part is a string: numbers go through
+// std::to_string.
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::string message;
+  (message.append(std::string_view(parts)), ...);
+  throw std::runtime_error(message);
+}
+#define COURSE_STABLE_CHECK(cond, ...) \
+  do {                                 \
+    if (!(cond)) fail(__VA_ARGS__);    \
+  } while (false)
 
 // The stable headers have no dtype name in torch's spelling (c10's toString is not header-only,
 // headeronly's says "Float"): the error messages name dtypes as the user writes them.
@@ -50,54 +67,50 @@ std::string dtype_name(ScalarType dtype) {
 }
 
 // "torch.float32 tensor of shape [2, 3] on cuda:0": c10's DeviceTypeName is not header-only either.
+// Numbers go through std::to_string, never an ostringstream: include/course/torch_op.h says why (an
+// integer written to a stream from an extension crashed the GPU box; this op's checks did, 2026-11-26).
 std::string describe(const Tensor& t) {
-  std::ostringstream text;
-  text << dtype_name(t.scalar_type()) << " tensor of shape [";
-  for (int64_t d = 0; d < t.dim(); ++d) text << (d ? ", " : "") << t.size(d);
-  text << "] on ";
-  if (t.is_cuda()) {
-    text << "cuda:" << t.get_device_index();
-  } else if (t.is_cpu()) {
-    text << "cpu";
-  } else {
-    text << "device type " << static_cast<int>(t.device().type());
-  }
-  return text.str();
+  std::string text = dtype_name(t.scalar_type()) + " tensor of shape [";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  text += "] on ";
+  if (t.is_cuda()) return text + "cuda:" + std::to_string(t.get_device_index());
+  if (t.is_cpu()) return text + "cpu";
+  return text + "device type " + std::to_string(static_cast<int>(t.device().type()));
 }
 
 GeluForm parse_approximate(std::string_view approximate) {
   if (approximate == "none") return GeluForm::kErf;
-  STD_TORCH_CHECK(approximate == "tanh", kOp,
-                  ": approximate must be 'none' (the exact erf form) or 'tanh' (the tanh approximation), as in "
-                  "torch.nn.functional.gelu; got '",
-                  std::string(approximate), "'");
+  COURSE_STABLE_CHECK(approximate == "tanh", kOp,
+                      ": approximate must be 'none' (the exact erf form) or 'tanh' (the tanh approximation), as in "
+                      "torch.nn.functional.gelu; got '",
+                      std::string(approximate), "'");
   return GeluForm::kTanh;
 }
 
 // The dispatcher sends only CUDA tensors here (the op has a CUDA kernel and nothing else), but a
 // CUDA x with a CPU bias still arrives: the dispatch key comes from all the tensor arguments.
 void check_inputs(const Tensor& x, const Tensor& bias) {
-  STD_TORCH_CHECK(x.is_cuda(), kOp, ": x must be a CUDA tensor, got ", describe(x));
-  STD_TORCH_CHECK(bias.is_cuda(), kOp, ": bias must be a CUDA tensor, got ", describe(bias));
-  STD_TORCH_CHECK(x.get_device_index() == bias.get_device_index(), kOp, ": x and bias must be on the same GPU, got x ",
-                  describe(x), " and bias ", describe(bias));
+  COURSE_STABLE_CHECK(x.is_cuda(), kOp, ": x must be a CUDA tensor, got ", describe(x));
+  COURSE_STABLE_CHECK(bias.is_cuda(), kOp, ": bias must be a CUDA tensor, got ", describe(bias));
+  COURSE_STABLE_CHECK(x.get_device_index() == bias.get_device_index(), kOp,
+                      ": x and bias must be on the same GPU, got x ", describe(x), " and bias ", describe(bias));
   const ScalarType dtype = x.scalar_type();
-  STD_TORCH_CHECK(dtype == ScalarType::Float || dtype == ScalarType::Half || dtype == ScalarType::BFloat16 ||
-                      dtype == ScalarType::Double,
-                  kOp, ": x must have dtype torch.float32, torch.float16, torch.bfloat16 or torch.float64, got ",
-                  describe(x));
-  STD_TORCH_CHECK(bias.scalar_type() == dtype, kOp, ": bias must have x's dtype ", dtype_name(dtype), ", got ",
-                  describe(bias), " (the kernel reads both as one element type: no silent promotion)");
-  STD_TORCH_CHECK(x.dim() >= 1, kOp, ": x must have at least one dimension (the last one is the channels), got ",
-                  describe(x));
+  COURSE_STABLE_CHECK(dtype == ScalarType::Float || dtype == ScalarType::Half || dtype == ScalarType::BFloat16 ||
+                          dtype == ScalarType::Double,
+                      kOp, ": x must have dtype torch.float32, torch.float16, torch.bfloat16 or torch.float64, got ",
+                      describe(x));
+  COURSE_STABLE_CHECK(bias.scalar_type() == dtype, kOp, ": bias must have x's dtype ", dtype_name(dtype), ", got ",
+                      describe(bias), " (the kernel reads both as one element type: no silent promotion)");
+  COURSE_STABLE_CHECK(x.dim() >= 1, kOp, ": x must have at least one dimension (the last one is the channels), got ",
+                      describe(x));
   const int64_t channels = x.size(x.dim() - 1);
-  STD_TORCH_CHECK(bias.dim() == 1 && bias.size(0) == channels, kOp,
-                  ": bias must have shape [C] with C = x.size(-1) = ", channels, ", got bias ", describe(bias),
-                  " for x ", describe(x));
+  COURSE_STABLE_CHECK(bias.dim() == 1 && bias.size(0) == channels, kOp,
+                      ": bias must have shape [C] with C = x.size(-1) = ", std::to_string(channels), ", got bias ",
+                      describe(bias), " for x ", describe(x));
   // Refused, not copied, for lesson 06's reason: a hidden x.contiguous() doubles the bytes moved.
-  STD_TORCH_CHECK(x.is_contiguous(), kOp, ": x must be contiguous, got ", describe(x),
-                  "; call x.contiguous() first (this op does not copy it for you: a hidden copy would double the "
-                  "bytes the fused kernel moves)");
+  COURSE_STABLE_CHECK(x.is_contiguous(), kOp, ": x must be contiguous, got ", describe(x),
+                      "; call x.contiguous() first (this op does not copy it for you: a hidden copy would double the "
+                      "bytes the fused kernel moves)");
 }
 
 // The current CUDA stream. The stable C shim's getter, aoti_torch_get_current_cuda_stream, is
@@ -118,11 +131,12 @@ GetCurrentCudaStream find_stream_getter() {
 
 cudaStream_t current_stream(int32_t device_index) {
   static const GetCurrentCudaStream getter = find_stream_getter();
-  STD_TORCH_CHECK(getter != nullptr, kOp,
-                  ": this torch has no aoti_torch_get_current_cuda_stream in a loaded libtorch_cuda.so (a CPU-only "
-                  "torch cannot run the CUDA kernel)");
+  COURSE_STABLE_CHECK(getter != nullptr, kOp,
+                      ": this torch has no aoti_torch_get_current_cuda_stream in a loaded libtorch_cuda.so (a CPU-only "
+                      "torch cannot run the CUDA kernel)");
   void* stream = nullptr;
-  TORCH_ERROR_CODE_CHECK(getter(device_index, &stream));
+  COURSE_STABLE_CHECK(getter(device_index, &stream) == AOTI_TORCH_SUCCESS, kOp,
+                      ": aoti_torch_get_current_cuda_stream failed for cuda:", std::to_string(device_index));
   return static_cast<cudaStream_t>(stream);
 }
 
@@ -152,7 +166,7 @@ Tensor bias_gelu(Tensor x, Tensor bias, std::string approximate) {
     case ScalarType::Double: launch<double>(x, b, y, rows, cols, form, stream); break;
     case ScalarType::Half: launch<__half>(x, b, y, rows, cols, form, stream); break;
     case ScalarType::BFloat16: launch<__nv_bfloat16>(x, b, y, rows, cols, form, stream); break;
-    default: STD_TORCH_CHECK(false, kOp, ": unreachable dtype ", dtype_name(x.scalar_type()));
+    default: COURSE_STABLE_CHECK(false, kOp, ": unreachable dtype ", dtype_name(x.scalar_type()));
   }
   return y;
 }

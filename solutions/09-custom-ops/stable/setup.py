@@ -21,7 +21,6 @@ stream's getter, is looked up at run time (bias_gelu_stable.cpp says why).
 """
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -37,11 +36,7 @@ sys.path.insert(0, str(ROOT / "tests" / "harness"))
 import jit  # noqa: E402
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # one target keeps the build (and CI) short
-# A python built with --enable-shared (pyenv's) links extensions with -rpath to its own lib folder:
-# a RUNPATH naming the build machine's python, which this library (no libpython) has no use for.
-_LDSHARED = sysconfig.get_config_var("LDSHARED")
-if _LDSHARED:
-    os.environ.setdefault("LDSHARED", " ".join(a for a in _LDSHARED.split() if not a.startswith("-Wl,-rpath")))
+jit.drop_python_rpath()  # no RUNPATH naming this machine's python: the library links no libpython
 
 # The oldest torch this binary loads in: the stable headers hide every newer API (a compile error,
 # not a load-time surprise) and make ATen and c10 headers an #error. 0xMMmm000000000000 = MM.mm.

@@ -48,7 +48,6 @@ SOURCES = [
     *sorted(LESSON06.glob("*.h")),
     *sorted((ROOT / "include" / "course").glob("*.cuh")),
 ]
-WHEEL_PACKAGE = "wheel==0.48.0"
 SECOND_TORCH = os.environ.get("COURSE_SECOND_TORCH", "2.10.0")
 # Empty: PyPI. e.g. https://download.pytorch.org/whl/cpu for the small CPU-only build.
 SECOND_TORCH_INDEX = os.environ.get("COURSE_SECOND_TORCH_INDEX", "")
@@ -67,22 +66,6 @@ def _course_env():
 
 def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _has_bdist_wheel() -> bool:
-    """setuptools >= 70.1 has bdist_wheel built in; older ones take it from the `wheel` package."""
-    return any(importlib.util.find_spec(name) is not None for name in ("wheel", "setuptools.command.bdist_wheel"))
-
-
-def _pip_target(spec: str) -> Path:
-    """`spec` installed with pip --target into the course's cache, once; the folder to put on PYTHONPATH."""
-    target = _course_env().cache_dir() / f"pip-target-{_key(spec)}"
-    stamp = target / ".installed"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
-                        "--target", str(target), spec], check=True)
-        stamp.write_text(spec + "\n")
-    return target
 
 
 def find_wheel() -> Path | None:
@@ -104,8 +87,7 @@ def build_wheel(force: bool = False, jobs: int | None = None) -> tuple[Path, flo
     for old in DIST.glob("course_stable_ops-*.whl"):
         old.unlink()
     env = dict(os.environ)
-    if not _has_bdist_wheel():
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_pip_target(WHEEL_PACKAGE)), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_course_env().bdist_wheel_path(), env.get("PYTHONPATH")]))
     env.setdefault("MAX_JOBS", str(jobs or 2))
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"  # wheel's bdist_wheel says setuptools >= 70.1 has its own
     start = time.perf_counter()

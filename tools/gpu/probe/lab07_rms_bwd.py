@@ -338,6 +338,11 @@ copy = perf.copy_bandwidth()
 out["copy_gbps"] = round(copy, 1)
 x, w, gy = (torch.randn(s, device="cuda").to(BF16) for s in ((8, 4096, 4096), (4096,), (8, 4096, 4096)))
 _, rstd = lab.rms_norm(x, w, EPS)
+# The compiled backward is timed alone, over one retained graph: AOTAutograd donates the saved activations'
+# buffers to a backward by default, and then refuses retain_graph=True (the first run of this probe died so).
+import torch._functorch.config  # noqa: E402  (the submodule is not an attribute until imported)
+
+torch._functorch.config.donated_buffer = False
 fn = torch.compile(composition, dynamic=False)
 xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
 yc = fn(xc, wc)
