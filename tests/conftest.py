@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import perf, todos, trees  # noqa: E402
+from harness import perf, timing, todos, trees  # noqa: E402
 
 _records: list[dict] = []
 _points: dict[str, dict] = {}
@@ -43,6 +43,25 @@ def pytest_configure(config):
                             "compute-sanitizer by default (from the grader's SANITIZE_CASES)")
     config.addinivalue_line("markers", f"{todos.MARK}(*ids): the student tasks (TODO ids) this test grades")
     config.addinivalue_line("markers", f"{todos.REFERENCE_MARK}: checks code the student is given, not a TODO")
+
+
+def pytest_sessionstart(session):
+    timing.record_to(session.config.getoption("--course-json"))
+
+
+def pytest_collection_finish(session):
+    timing.collected()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The cases a class run gives the GPU alone (runner.ALONE_MARKERS): their time is the perf phase's.
+    alone = item.get_closest_marker("perf") is not None or item.get_closest_marker("large") is not None
+    if alone:
+        timing.alone_started()
+    yield
+    if alone:
+        timing.alone_ended()
 
 
 def pytest_collection_modifyitems(items):

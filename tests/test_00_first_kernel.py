@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
-from harness.check import shape_id
+from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness.check import nbytes, pool_bytes, shape_id
 
 LAB = harness.lab("00")
 FP32 = torch.float32
@@ -16,6 +16,7 @@ FP32 = torch.float32
 SHAPES = [(1,), (31,), (4097,), pytest.param((2**24 + 3,), marks=pytest.mark.large), (3, 5, 7), (64, 1000)]
 # (name, multiprocessors, max resident threads per multiprocessor) of GPUs students use.
 GPUS = [("T4", 40, 1024), ("A100", 108, 2048), ("H100", 132, 2048)]
+SPILL_HINT = "the grid-stride loop must stop before n (i < n, not i <= n): index n is one past the last element"
 GRID_HINT = ("a grid-stride loop starts at blockIdx.x * blockDim.x + threadIdx.x and steps by "
              "gridDim.x * blockDim.x until n, so every element is covered whatever the grid size")
 
@@ -78,7 +79,23 @@ def test_axpy_refuses_cpu_tensors():
                               case="axpy(x, y on the CPU)")
 
 
-# ---------------------------------------------------------------- GPU: correctness
+# ---------------------------------------------------------------- GPU: correctness, outputs guarded
+# The output comes from a poisoned pool (harness.check.PoisonedPool): an element never written reads NaN,
+# and a write past its end (y[n], from a loop bound of i <= n) changes the allocator's slack after it.
+def scale(x, alpha, blocks, *, case):
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(nbytes(x))) as pool:
+        y = LAB.module.scale(x, alpha, blocks)
+    pool.assert_no_spill(y, name="y", case=case, hint=SPILL_HINT)
+    return y
+
+
+def axpy(alpha, x, y, blocks, *, case):
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(nbytes(x))) as pool:
+        out = LAB.module.axpy(alpha, x, y, blocks)
+    pool.assert_no_spill(out, name="out", case=case, hint=SPILL_HINT)
+    return out
+
+
 @requires_gpu
 @pytest.mark.parametrize("blocks", [0, 1, 7], ids=["derived-grid", "1-block", "7-blocks"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -86,11 +103,10 @@ def test_axpy_refuses_cpu_tensors():
 def test_scale(shape, blocks):
     x = random_tensor(shape, FP32)
     alpha = random.uniform(-3, 3)
-    poison_allocator(x.numel(), FP32)
-    y = LAB.module.scale(x, alpha, blocks)
-    torch.cuda.synchronize()
-    LAB.assert_close(y, x.double() * alpha, case=f"scale shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
-                     tol=tolerance(FP32), block=constants()["threads_per_block"], hint=GRID_HINT)
+    case = f"scale shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}"
+    y = scale(x, alpha, blocks, case=case)
+    LAB.assert_close(y, x.double() * alpha, case=case, tol=tolerance(FP32), block=constants()["threads_per_block"],
+                     hint=GRID_HINT)
 
 
 @requires_gpu
@@ -100,12 +116,10 @@ def test_scale(shape, blocks):
 def test_axpy(shape, blocks):
     x, y = random_tensor(shape, FP32), random_tensor(shape, FP32)
     alpha = random.uniform(-3, 3)
-    poison_allocator(x.numel(), FP32)
-    out = LAB.module.axpy(alpha, x, y, blocks)
-    torch.cuda.synchronize()
-    LAB.assert_close(out, alpha * x.double() + y.double(),
-                     case=f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}",
-                     tol=tolerance(FP32), block=constants()["threads_per_block"], hint=GRID_HINT)
+    case = f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}"
+    out = axpy(alpha, x, y, blocks, case=case)
+    LAB.assert_close(out, alpha * x.double() + y.double(), case=case, tol=tolerance(FP32),
+                     block=constants()["threads_per_block"], hint=GRID_HINT)
 
 
 @requires_gpu
@@ -248,6 +262,11 @@ test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
 
 # ---------------------------------------------------------------- known-wrong variants the grader must fail
 MUTANTS = [
+    # Out of bounds (issue 11, class 1): y[n] written, one float past y's end, every element of y right. It lands in
+    # the allocator's slack after y, which the poisoned pool checks (x[n] is read too: x's own slack, for these n).
+    harness.Mutant("loop-bound-off-by-one", "scale.cu", "i < n; i += stride) {\n    y[i]",
+                   "i <= n; i += stride) {\n    y[i]", tests="test_scale and (31- or 4097-)",
+                   expect="wrote past the end of y"),
     harness.Mutant("no-grid-stride", "scale.cu", "i < n; i += stride) {\n    y[i]", "i < n; i += n) {\n    y[i]",
                    tests="test_scale and block", expect="never written"),
     harness.Mutant("grid-too-small", "scale.cu", "std::min(needed_blocks, resident_blocks)",

@@ -13,7 +13,9 @@ FP32 = torch.float32
 EXACT = tolerance(FP32)  # a copy is exact; any tolerance passes it and fails a wrong element
 SIZES = [1, 3, 4, 5, 31, 33, 4097, 2**24 + 3]
 SHAPES = [(n,) for n in SIZES] + [(3, 5, 7), (64, 1000)]
-# Guard floats around every dst the misalignment tests hand out: a float4 (4 floats) past either end and more.
+# Guard floats after every dst (and before the misaligned ones) the tests hand out: a float4 (4 floats) past either
+# end and more. Every op of the lab writes into a dst the caller gives, so this band is where a write past its end
+# lands (issue 11, class 1), not the allocator's slack.
 GUARD = 16
 
 COPIES = {
@@ -122,13 +124,15 @@ def test_strided_refuses_cpu_tensors():
 @pytest.mark.parametrize("copy", copy_params())
 def test_copy(copy, shape, blocks):
     fn, _ = COPIES[copy]
-    src = random_tensor(shape, FP32)
-    dst = poisoned(shape, FP32)
-    fn(dst, src, blocks)
+    numel = torch.Size(shape).numel()
+    _, src = _guarded(numel, 0, fill="random")  # a read of src[n] stays inside the buffer
+    dst_buffer, dst = _guarded(numel, 0)
+    fn(dst.view(shape), src.view(shape), blocks)
     torch.cuda.synchronize()
-    LAB.assert_close(dst, src.double(), case=f"copy_{copy} shape {shape_id(shape)}, blocks={blocks or 'derived'}",
-                     tol=EXACT, block=constants()["threads_per_block"] if copy == "coalesced" else None,
-                     hint=HINTS[copy])
+    case = f"copy_{copy} shape {shape_id(shape)}, blocks={blocks or 'derived'}"
+    _check_guards(dst_buffer, 0, numel, case, hint=GUARD_HINT if copy == "vectorized" else SCALAR_GUARD_HINT)
+    LAB.assert_close(dst.view(shape), src.view(shape).double(), case=case, tol=EXACT,
+                     block=constants()["threads_per_block"] if copy == "coalesced" else None, hint=HINTS[copy])
 
 
 @requires_gpu
@@ -141,10 +145,13 @@ def test_copy_past_2_31_elements(copy, gpu_memory):
     fn, _ = COPIES[copy]
     n = harness.PAST_INT32
     src = torch.randn(n + 1, device="cuda")[1:]
-    dst = torch.full((n + 1,), float("nan"), device="cuda")[1:]
+    dst_buffer = torch.full((1 + n + GUARD,), float("nan"), device="cuda")
+    dst = dst_buffer[1:n + 1]
     fn(dst, src, 0)
     harness.check.assert_ends_close(dst, lambda part: src[part].double(), tol=EXACT, case=f"copy_{copy} of {n} floats",
                                     hint=HINTS[copy] + "; index with int64_t")
+    _check_guards(dst_buffer, 1, n, f"copy_{copy} of {n} floats",
+                  hint=GUARD_HINT if copy == "vectorized" else SCALAR_GUARD_HINT)
 
 
 @requires_gpu
@@ -153,11 +160,12 @@ def test_copy_past_2_31_elements(copy, gpu_memory):
 @harness.tasks("lab01.2")
 def test_copy_strided(n, stride):
     src = random_tensor((n,), FP32)
-    dst = poisoned((n,), FP32)
+    dst_buffer, dst = _guarded(n, 0)
     LAB.module.copy_strided(dst, src, stride)
     torch.cuda.synchronize()
-    LAB.assert_close(dst, src.double(), case=f"copy_strided n={n}, stride={stride}", tol=EXACT,
-                     hint=HINTS["strided-7"])
+    case = f"copy_strided n={n}, stride={stride}"
+    _check_guards(dst_buffer, 0, n, case, hint=SCALAR_GUARD_HINT)
+    LAB.assert_close(dst, src.double(), case=case, tol=EXACT, hint=HINTS["strided-7"])
 
 
 def _guarded(n: int, offset: int, fill=None):
@@ -169,15 +177,21 @@ def _guarded(n: int, offset: int, fill=None):
     return buffer, buffer[offset:offset + n]
 
 
-def _check_guards(buffer: torch.Tensor, offset: int, n: int, case: str) -> None:
-    outside = torch.cat([buffer[:offset], buffer[offset + n:]])
-    written = (~outside.isnan()).nonzero().flatten().tolist()
-    if written:
-        where = [f"dst[{i - offset}]" if i < offset else f"dst[{n + i - offset}]" for i in written[:4]]
-        raise harness.GradeFailure(
-            f"{case}: wrote {len(written)} floats outside dst, at {', '.join(where)} (dst has {n} elements)\n"
-            "  hint: every loop must stop at its end: the head at head, the vectors at vectors, the tail at n "
-            "(an off-by-one in the tail writes dst[n])")
+GUARD_HINT = ("every loop must stop at its end: the head at head, the vectors at vectors, the tail at n "
+              "(an off-by-one in the tail writes dst[n])")
+SCALAR_GUARD_HINT = ("a loop bound that lets index n through (i <= n instead of i < n) writes dst[n]; the strided "
+                     "copy's last row is short: skip the positions >= n in it")
+
+
+def _check_guards(buffer: torch.Tensor, offset: int, n: int, case: str, hint: str = GUARD_HINT) -> None:
+    """The guard floats around dst = buffer[offset:offset + n] are still NaN: nothing was written outside dst."""
+    bands = (("past the end of", buffer[offset + n:], n), ("before the start of", buffer[:offset], -offset))
+    for side, band, first in bands:
+        written = (~band.isnan()).nonzero().flatten().tolist()
+        if written:
+            where = ", ".join(f"dst[{first + i}]" for i in written[:4])
+            raise harness.GradeFailure(f"{case}: wrote {side} dst: {len(written)} floats, at {where} "
+                                       f"(dst has {n} elements)\n  hint: {hint}")
 
 
 MISALIGNED = [(1, 1), (2, 2), (3, 3), (1, 0), (0, 3), (2, 1)]
@@ -197,7 +211,7 @@ def test_copy_misaligned(copy, src_off, dst_off, n):
     case = (f"copy_{copy} n={n}, src = x[{src_off}:] ({4 * src_off} bytes past 16), "
             f"dst = y[{dst_off}:] ({4 * dst_off} bytes past 16)")
     LAB.assert_close(dst, src.double(), case=case, tol=EXACT, hint=HINTS[copy])
-    _check_guards(dst_buffer, dst_off, n, case)
+    _check_guards(dst_buffer, dst_off, n, case, hint=GUARD_HINT if copy == "vectorized" else SCALAR_GUARD_HINT)
 
 
 @requires_gpu
@@ -355,9 +369,14 @@ MUTANTS = [
                    tests="test_perf_copy_coalesced", expect="consecutive threads", perf=True),
     harness.Mutant("no-tail", "vector_copy.cu", _TAIL_LOOP, "", tests="test_copy and vectorized",
                    expect="never written"),
+    # Out of bounds (issue 11, class 1): dst[n] written, one float past dst's end, every element of dst right. Every
+    # dst sits in a buffer of NaN guard floats, which the tests check after the call.
     harness.Mutant("tail-off-by-one", "vector_copy.cu", _TAIL_LOOP,
                    _TAIL_LOOP.replace("i < tail_begin", "i <= tail_begin"),
-                   tests="test_copy_misaligned and vectorized", expect="outside dst"),
+                   tests="test_copy_misaligned and vectorized", expect="wrote past the end of dst"),
+    harness.Mutant("loop-bound-off-by-one", "scalar_copy.cu", "i < n; i += grid_threads) {\n    dst[i] = src[i];",
+                   "i <= n; i += grid_threads) {\n    dst[i] = src[i];", tests="test_copy and coalesced and 7-blocks",
+                   expect="wrote past the end of dst"),
     harness.Mutant("misalignment-ignored", "vector_copy.cu",
                    "const int64_t head = std::min<int64_t>(n, to_boundary / static_cast<int64_t>(sizeof(float)));",
                    "const int64_t head = 0 * to_boundary;", tests="test_vector_split", expect="16-byte boundary",

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
-from harness.check import shape_id
+from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness.check import pool_bytes, shape_id
 
 LAB = harness.lab("02")
 FP32 = torch.float32
@@ -25,6 +25,8 @@ HINT = ("find the pattern in the wrong elements: NaN = never written (a missing 
         "(out_row < cols && out_col < rows), so the last tile spills into the next row; "
         "wrong in a few scattered tiles, differing between runs = a missing __syncthreads() between "
         "filling the tile and reading it back (a warp read a row another warp had not written yet)")
+SPILL_HINT = ("the write-out is missing its edge guard (out_row < cols && out_col < rows): the last tile of the "
+              "last matrix runs past the output's end")
 
 # Points per task (of 100), by the work each is: the wrapper's output shape and strides; the tiled
 # kernel, the lab's main work; the padded stride, one line and its reasoning.
@@ -60,6 +62,15 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
 
 def run(kernel: str, x: torch.Tensor) -> torch.Tensor:
     return getattr(LAB.module, f"{kernel}_transpose")(x)
+
+
+def run_guarded(kernel: str, x: torch.Tensor, *, case: str) -> torch.Tensor:
+    """The transpose with its output from a poisoned pool (harness.check.PoisonedPool): an element never written
+    reads NaN, and a write past the output's end (the allocator's slack after it) fails."""
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(4 * x.numel())) as pool:
+        out = run(kernel, x)
+    pool.assert_no_spill(out, name="out", case=case, hint=SPILL_HINT)
+    return out
 
 
 @harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
@@ -155,11 +166,9 @@ def test_refuses_cpu_tensor(kernel):
 @pytest.mark.parametrize("kernel", kernel_params())
 def test_transpose(kernel, shape):
     x = random_tensor(shape, FP32)
-    poison_allocator(x.numel(), FP32)
-    out = run(kernel, x)
-    torch.cuda.synchronize()
-    LAB.assert_close(out, transposed(x), case=f"{kernel}_transpose shape {shape_id(shape)}, fp32", tol=tolerance(FP32),
-                     tile=tile_shape(), hint=HINT)
+    case = f"{kernel}_transpose shape {shape_id(shape)}, fp32"
+    out = run_guarded(kernel, x, case=case)
+    LAB.assert_close(out, transposed(x), case=case, tol=tolerance(FP32), tile=tile_shape(), hint=HINT)
 
 
 @requires_gpu
@@ -184,15 +193,15 @@ def test_transpose_past_2_31_elements(kernel, gpu_memory):
 @requires_gpu
 @pytest.mark.parametrize("kernel", kernel_params("tiled", "padded"))
 def test_transpose_repeatedly(kernel):
-    """Races show up now and then: many tiles, several runs, each compared in full."""
-    x = random_tensor((16, 1000, 1000), FP32)
-    want = transposed(x)
+    """Races show up now and then: many tiles, several runs, each compared in full, each on a fresh input.
+    The same input every run can hide a missing __syncthreads(): a warp that reads the tile before the
+    other warps have stored it finds the values an earlier run of the same input left in shared memory."""
     for attempt in range(5):
-        poison_allocator(x.numel(), FP32)
-        out = run(kernel, x)
-        torch.cuda.synchronize()
-        LAB.assert_close(out, want, case=f"{kernel}_transpose shape 16x1000x1000, run {attempt + 1} of 5",
-                         tol=tolerance(FP32), tile=tile_shape(), hint=HINT)
+        x = random_tensor((16, 1000, 1000), FP32)
+        want = transposed(x)
+        case = f"{kernel}_transpose shape 16x1000x1000, run {attempt + 1} of 5"
+        out = run_guarded(kernel, x, case=case)
+        LAB.assert_close(out, want, case=case, tol=tolerance(FP32), tile=tile_shape(), hint=HINT)
 
 
 def strided_views():
@@ -216,11 +225,9 @@ def test_noncontiguous_input(kernel):
     """Views are handled through their strides, with no copy and no refusal."""
     for name, x in strided_views():
         assert not x.is_contiguous() or x.storage_offset(), name
-        poison_allocator(x.numel(), FP32)
-        out = run(kernel, x)
-        torch.cuda.synchronize()
-        LAB.assert_close(out, transposed(x), case=f"{kernel}_transpose of {name}, shape {shape_id(x.shape)}",
-                         tol=tolerance(FP32), tile=tile_shape(),
+        case = f"{kernel}_transpose of {name}, shape {shape_id(x.shape)}"
+        out = run_guarded(kernel, x, case=case)
+        LAB.assert_close(out, transposed(x), case=case, tol=tolerance(FP32), tile=tile_shape(),
                          hint="element (b, r, c) of x is at b * x.stride(0) + r * x.stride(-2) + c * x.stride(-1); "
                               "pass the strides torch reports instead of assuming a contiguous layout")
 
@@ -316,7 +323,9 @@ def test_perf_tiled_vs_copy():
 @harness.tasks(*KERNELS["padded"])
 def test_perf_padded_vs_copy():
     """The SYLLABUS target: >= 0.85x copy bandwidth. The student bar (0.75) sits above what a
-    bank-conflicted tile reaches (~0.6x on an H100, ~0.5x on an H200), so an unpadded tile fails it."""
+    bank-conflicted tile reaches (~0.6x on an H100, ~0.5x on an H200), so an unpadded tile fails it there.
+    Only there: where the conflicted tile's ceiling (SMs x clock x 8 B) is above the DRAM's bandwidth, as
+    on a T4 (~0.5 TB/s against 320 GB/s), both tiles pass and test_padded_tile_is_conflict_free decides."""
     perf_case("padded", against="copy", student_bar=0.75, target=0.85)
 
 
@@ -341,6 +350,12 @@ MUTANTS = [
                    "= tile[threadIdx.y + j * kBlockRows][lane];", tests="test_transpose and padded", expect="tile ("),
     harness.Mutant("unguarded-edge-write", "transpose.cu", "if (out_row < shape.cols && out_col < shape.rows) {",
                    "if (out_row < shape.cols) {", tests="test_transpose and padded", expect="edge guard"),
+    # Out of bounds (issue 11, class 1): the write-out guards columns but not rows, so the last row of tiles writes
+    # output rows past `cols`: past the end of out (zeros from the tile's zero-filled edge), every element of out
+    # right for one matrix. Only the check of the allocator's slack after out sees it.
+    harness.Mutant("edge-rows-unguarded", "transpose.cu", "if (out_row < shape.cols && out_col < shape.rows) {",
+                   "if (out_col < shape.rows) {", tests="test_transpose and padded",
+                   expect="wrote past the end of out"),
     harness.Mutant("floor-division-grid", "transpose.cu", "course::ceil_div<int64_t>(rows, kTile)", "rows / kTile",
                    tests="test_transpose_grid", expect="round up", needs_gpu=False),
     harness.Mutant("padding-removed", "transpose.cu",

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
-from harness.check import dtype_name, shape_id
+from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness.check import dtype_name, pool_bytes, shape_id
 
 LAB = harness.lab("03")
 FP32, BF16 = torch.float32, torch.bfloat16
@@ -68,6 +68,36 @@ def sum_tolerance(x64: torch.Tensor) -> float:
     n = x64.numel()
     total, norm = x64.sum().abs().item(), x64.norm().item()
     return tolerance(FP32, n) * (1.0 + norm / max(total, 1e-30))
+
+
+# ---------------------------------------------------------------- calling the ops, outputs guarded
+# Each op's outputs come from a poisoned pool (harness.check.PoisonedPool): an element never written reads NaN, and
+# a write past an output's end (its last element's neighbour in the allocator's slack) fails the test.
+SPILL_HINT = ("a loop bound that lets one more index through (s <= segments or row <= rows instead of <) writes the "
+              "element after the last one")
+
+
+def reduce_op(op: str, x: torch.Tensor, *args, case: str) -> torch.Tensor:
+    """sum, sum_atomic, warp_sums or warp_maxes, its output from a poisoned pool (with sum's partials, small)."""
+    out_bytes = 4 * -(-x.numel() // constants()["warp_size"]) if op.startswith("warp") else 4
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(out_bytes)) as pool:
+        out = getattr(LAB.module, op)(x, *args)
+    pool.assert_no_spill(out, name="out", case=case, hint=SPILL_HINT)
+    return out
+
+
+def row_stats(x: torch.Tensor, *, case: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """row_stats with m and s from a poisoned pool. In the given wrapper they are the two rows of one [2, rows]
+    allocation, so s is checked first: the slack after s is the allocation's (one check covers both)."""
+    rows = x.numel() // x.shape[-1]
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(8 * rows)) as pool:
+        m, s = LAB.module.row_stats(x)
+    checked = set()
+    for name, out in (("s", s), ("m", m)):
+        if out.untyped_storage().data_ptr() not in checked:
+            checked.add(out.untyped_storage().data_ptr())
+            pool.assert_no_spill(out, name=name, case=case, hint=SPILL_HINT)
+    return m, s
 
 
 # ---------------------------------------------------------------- builds
@@ -139,10 +169,8 @@ def test_warp_reduce(n, op, dtype):
     padded = torch.full((segments * warp,), identity, dtype=torch.float64, device="cuda")
     padded[:n] = x.double()
     ref = padded.view(segments, warp).sum(1) if op == "sum" else padded.view(segments, warp).amax(1)
-    poison_allocator(segments, FP32)
-    out = LAB.module.warp_sums(x) if op == "sum" else LAB.module.warp_maxes(x)
-    torch.cuda.synchronize()
     case = f"warp_{op} of n={n} ({segments} segments of {warp}, the last lane writes), {dtype_name(dtype)}"
+    out = reduce_op("warp_sums" if op == "sum" else "warp_maxes", x, case=case)
     LAB.assert_close(out, ref, case=case, tol=tolerance(FP32, warp), hint=WARP_HINT)
 
 
@@ -174,10 +202,8 @@ def sum_case(name, x, offset, dtype, blocks=0):
 @harness.tasks(*SUM_TASKS)
 def test_sum(n, offset, dtype):
     x = random_tensor((n + offset,), dtype)[offset:]
-    poison_allocator(1, FP32)
-    out = LAB.module.sum(x)
-    torch.cuda.synchronize()
-    check_sum(out, x, sum_case("sum", x, offset, dtype))
+    case = sum_case("sum", x, offset, dtype)
+    check_sum(reduce_op("sum", x, case=case), x, case)
 
 
 @requires_gpu
@@ -187,10 +213,8 @@ def test_sum(n, offset, dtype):
 def test_sum_any_grid(n, blocks):
     """A grid-stride loop must cover every element whatever the grid."""
     x = random_tensor((n,), FP32)
-    poison_allocator(1, FP32)
-    out = LAB.module.sum(x, blocks)
-    torch.cuda.synchronize()
-    check_sum(out, x, sum_case("sum", x, 0, FP32, blocks))
+    case = sum_case("sum", x, 0, FP32, blocks)
+    check_sum(reduce_op("sum", x, blocks, case=case), x, case)
 
 
 @requires_gpu
@@ -201,7 +225,7 @@ def test_sum_is_bitwise_deterministic(n, dtype):
     """The same input gives the same bits on every run: the guarantee of the two-pass sum."""
     runs = 8
     x = random_tensor((n,), dtype)
-    first = LAB.module.sum(x)  # checked (harness.calls): x left unchanged
+    first = reduce_op("sum", x, case=f"sum of {n} {dtype_name(dtype)} elements, run 1")  # x checked unchanged too
     for run in range(2, runs + 1):
         # The repeats skip the per-call input snapshot: at 2^28 elements it copies 1 GiB to the host twice
         # a call (16 s of this lab's 60 on an H100), and the first call already checked it.
@@ -249,9 +273,8 @@ def test_row_stats_past_2_31_elements(gpu_memory):
 def test_sum_atomic(n, dtype):
     """Correct to rounding; its low bits may vary from run to run (the lesson shows it), so no bitwise check."""
     x = random_tensor((n,), dtype)
-    out = LAB.module.sum_atomic(x)
-    torch.cuda.synchronize()
-    check_sum(out, x, sum_case("sum_atomic", x, 0, dtype))
+    case = sum_case("sum_atomic", x, 0, dtype)
+    check_sum(reduce_op("sum_atomic", x, case=case), x, case)
 
 
 @requires_gpu
@@ -299,12 +322,11 @@ def check_row_stats(m, s, x, case):
                                    for s in ROW_SHAPES])
 def test_row_stats(shape, dtype):
     x = random_tensor(shape, dtype) * 3  # a spread of a few units: exp(x - m) spans many orders of magnitude
-    rows, cols = x.numel() // shape[-1], shape[-1]
-    poison_allocator(2 * rows, FP32)
-    m, s = LAB.module.row_stats(x)
-    torch.cuda.synchronize()
+    cols = shape[-1]
     per_row = "one warp" if cols <= constants()["longest_warp_row"] else "one block"
-    check_row_stats(m, s, x, f"row_stats of {shape_id(shape)} {dtype_name(dtype)} ({per_row} per row)")
+    case = f"row_stats of {shape_id(shape)} {dtype_name(dtype)} ({per_row} per row)"
+    m, s = row_stats(x, case=case)
+    check_row_stats(m, s, x, case)
 
 
 @requires_gpu
@@ -315,11 +337,9 @@ def test_row_stats_unaligned_rows(dtype):
     so the vector loads must not be used (the solution falls back to one element per load)."""
     rows, cols = 65, 1000
     x = random_tensor((rows * cols + 1,), dtype)[1:].view(rows, cols)
-    poison_allocator(2 * rows, FP32)
-    m, s = LAB.module.row_stats(x)
-    torch.cuda.synchronize()
-    check_row_stats(m, s, x,
-                    f"row_stats of a {rows}x{cols} {dtype_name(dtype)} view starting 1 element into its storage")
+    case = f"row_stats of a {rows}x{cols} {dtype_name(dtype)} view starting 1 element into its storage"
+    m, s = row_stats(x, case=case)
+    check_row_stats(m, s, x, case)
 
 
 @requires_gpu
@@ -424,6 +444,10 @@ MUTANTS = [
     harness.Mutant("race-on-shared-partials", "reduce.cuh",
                    "  __syncthreads();  // every warp's result is in shared memory before any warp reads them\n", "",
                    tests="test_sum and not atomic and not grid", expect="__syncthreads"),
+    # Out of bounds (issue 11, class 1): one segment too many, so a warp reduces only identities and its last lane
+    # writes out[ceil(n / 32)], one float past the end, every element of out right. The reads stay guarded (i < n).
+    harness.Mutant("segment-bound-off-by-one", "sum.cu", "s < segments;\n       s += warps)",
+                   "s <= segments;\n       s += warps)", tests="test_warp_reduce", expect="wrote past the end of out"),
     harness.Mutant("lost-tail", "sum.cu",
                    "  if (thread < n - tail_start) acc[0] += reduce::to_float(x[tail_start + thread]);\n",
                    "", tests="test_sum and not atomic and not grid", expect="tail elements"),

@@ -8,7 +8,7 @@ import torch
 
 import harness
 from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
-from harness.check import shape_id
+from harness.check import pool_bytes, shape_id
 
 LAB = harness.lab("04")
 FP32 = torch.float32
@@ -29,6 +29,8 @@ class Rung:
 
 
 _GUARDS = "loads outside A or B must read 0 (zero-fill), and stores outside C must be skipped"
+SPILL_HINT = ("an edge tile's stores need both guards, row < M and col < N: without the row guard the last row of "
+              "tiles writes rows past M, past the end of C")
 # The ladder: number, name (as the perf cases and the lesson call it), the tasks each kernel needs,
 # and a hint for when it is wrong.
 LADDER = [
@@ -149,10 +151,13 @@ def _run_and_check(rung, a, b, inputs="", hint=None, expected=None):
     `inputs` is appended to the case line ("kernel 5 (...), M=.. N=.. K=..") to say what is special about a and b;
     `hint` replaces the rung's own hint."""
     (M, K), N = a.shape, b.shape[1]
-    c = LAB.module.matmul(a, b, rung.number)
-    torch.cuda.synchronize()
-    LAB.assert_close(c, a.double() @ b.double() if expected is None else expected,
-                     case=f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}{inputs}", tol=tolerance(FP32, K),
+    case = f"kernel {rung.number} ({rung.name}), M={M} N={N} K={K}{inputs}"
+    # C from a poisoned pool (harness.check.PoisonedPool): an element never written reads NaN, and a store past C's
+    # end (an edge tile's rows past M) changes the allocator's slack after it.
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(4 * M * N)) as pool:
+        c = LAB.module.matmul(a, b, rung.number)
+    pool.assert_no_spill(c, name="c", case=case, hint=SPILL_HINT)
+    LAB.assert_close(c, a.double() @ b.double() if expected is None else expected, case=case, tol=tolerance(FP32, K),
                      tile=rung.tile, hint=rung.hint if hint is None else hint)
 
 
@@ -162,7 +167,6 @@ def _run_and_check(rung, a, b, inputs="", hint=None, expected=None):
 def test_matmul(rung, shape):
     M, N, K = shape
     a, b = random_tensor((M, K), FP32), random_tensor((K, N), FP32)
-    poison_allocator(M * N, FP32)
     _run_and_check(rung, a, b)
 
 
@@ -174,7 +178,6 @@ def test_matmul_many_tiles_of_k(rung):
     a, b = random_tensor((M, K), FP32), random_tensor((K, N), FP32)
     expected = a.double() @ b.double()
     for attempt in range(3):
-        poison_allocator(M * N, FP32)
         _run_and_check(rung, a, b, f", call {attempt + 1}", expected=expected,
                        hint="right on some calls and wrong on others, or wrong in scattered tiles, is a race: every "
                             "tile load needs a __syncthreads() before the products read it, and another after them "
@@ -348,6 +351,11 @@ MUTANTS = [
                    tests="test_matmul and k3", expect="elements wrong"),
     harness.Mutant("edge-tiles-unguarded", "05_blocktiling_2d.cu", "(k0 + k < K && col0 + b_col < N) ?",
                    "(col0 + b_col < N) ?", tests="test_matmul_guard_bands and k5", expect="read outside A or B"),
+    # Out of bounds (issue 11, class 1): kernel 3's store guards columns but not rows, so the last row of tiles
+    # stores rows past M (zeros: their loads of A are zero-filled) past the end of C, every element of C right.
+    harness.Mutant("k3-store-rows-unguarded", "03_smem_tiles.cu", "if (row < M && col < N) C[row * N + col] = acc;",
+                   "if (col < N) C[row * N + col] = acc;", tests="test_matmul and k3",
+                   expect="wrote past the end of c"),
     harness.Mutant("misalignment-ignored", "06_vectorized.cu", "return rows_aligned && bases_aligned;",
                    "return rows_aligned;", tests="test_can_vectorize", expect="16-byte boundary", needs_gpu=False),
     # Perf (issue 11, class 6): each student rung without its technique, correct and slower.

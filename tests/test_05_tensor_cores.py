@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness import notebooks, poison_allocator, poisoned, random_tensor, requires_gpu, tolerance
-from harness.check import shape_id
+from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
+from harness.check import pool_bytes, shape_id
 
 LAB = harness.lab("05")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -104,6 +104,20 @@ def check_output(out, x, weight, bias, activation: str, *, case: str, tile=None,
                                     hint="the output is further from the exact result than PyTorch's own "
                                          f"{str(out.dtype)[6:]} path: look for a wrong constant in the activation, "
                                          "or an accumulator kept in 16 bits instead of fp32")
+
+
+SPILL_HINT = ("the epilogue must skip rows >= M (and columns >= N): the last tile of rows runs past M, and its extra "
+              "rows land past the end of out")
+
+
+def linear_act(op: str, x, weight, bias, activation: str, *, case: str) -> torch.Tensor:
+    """linear_act or linear_act_wgmma with out from a poisoned pool (harness.check.PoisonedPool): an element never
+    written reads NaN, and a store past out's end (an edge tile's rows past M) changes the allocator's slack."""
+    out_bytes = x.numel() // max(x.shape[-1], 1) * weight.shape[0] * x.element_size()
+    with harness.check.PoisonedPool(large_bytes=pool_bytes(out_bytes)) as pool:
+        out = getattr(LAB.module, op)(x, weight, bias, activation)
+    pool.assert_no_spill(out, name="out", case=case, hint=SPILL_HINT)
+    return out
 
 
 def skip_without_bf16(dtype):
@@ -231,6 +245,29 @@ def test_tile_config_fits_every_gpu():
         assert config["stages"] >= (3 if major >= 8 else 1), f"sm_{major}x: {config}: cp.async wants 3+ stages"
 
 
+@requires_gpu
+@harness.reference_check  # linear_act_residency and the tile sizes are given
+def test_residency_is_what_the_lesson_says():
+    """The page's section 5: __launch_bounds__(128, 1) is a minimum, not a limit; the runtime's blocks per
+    SM follow from the registers (two 128-thread blocks fit at up to 255 a thread) and each stage count's
+    shared memory. On an H100/H200 (228 KB an SM): 2 blocks at 4 and 6 stages, 1 at 8."""
+    major = torch.cuda.get_device_capability()[0]
+    rows = {stages: dict(LAB.module.residency(stages)) for stages in (4, 6, 8)}
+    for stages, r in rows.items():
+        assert r["stages"] == stages and r["threads"] == LAB.module.tile_config(major)["threads"], r
+        assert 0 < r["registers"] <= 255 and r["local_bytes"] == 0, f"{stages} stages: spills or no registers: {r}"
+        assert r["registers_only_blocks_per_sm"] >= 2, f"{stages} stages: two 128-thread blocks must fit: {r}"
+        assert r["blocks_per_sm"] <= r["registers_only_blocks_per_sm"], r
+    if major >= 8:
+        assert rows[4]["dynamic_shared_bytes"] == LAB.module.tile_config(major)["shared_bytes"], rows[4]
+        assert rows[4]["blocks_per_sm"] >= 1, rows[4]
+    if torch.cuda.get_device_capability() == (9, 0):
+        got = [rows[stages]["blocks_per_sm"] for stages in (4, 6, 8)]
+        assert got == [2, 2, 1], f"blocks per SM at 4, 6, 8 stages on sm_90: {got}, the lesson says [2, 2, 1]: {rows}"
+    with pytest.raises(RuntimeError, match="stages must be 4, 6 or 8"):
+        LAB.module.residency(5)
+
+
 # ---------------------------------------------------------------- GPU: correctness
 @requires_gpu
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
@@ -241,11 +278,9 @@ def test_linear_act(shape, dtype, activation):
     skip_without_bf16(dtype)
     m, n, k = shape
     x, weight, bias = make_inputs(m, n, k, dtype)
-    poison_allocator(m * n, dtype)
-    out = LAB.module.linear_act(x, weight, bias, activation)
-    torch.cuda.synchronize()
-    check_output(out, x, weight, bias, activation, tile=block_tile(),
-                 case=f"linear_act M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}")
+    case = f"linear_act M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}"
+    out = linear_act("linear_act", x, weight, bias, activation, case=case)
+    check_output(out, x, weight, bias, activation, tile=block_tile(), case=case)
 
 
 @requires_gpu
@@ -287,10 +322,9 @@ def test_past_2_31_outputs(op, gpu_memory):
 def test_batched(batch):
     """x [..., K]: the leading dimensions are rows of one GEMM (a contiguous x is one [M, K] matrix)."""
     x, weight, bias = make_inputs(7, 48, 40, FP16, batch)
-    poison_allocator(x.numel() // 40 * 48, FP16)
-    out = LAB.module.linear_act(x, weight, bias, "gelu")
-    torch.cuda.synchronize()
-    check_output(out, x, weight, bias, "gelu", case=f"linear_act x {list(x.shape)}, fp16, gelu")
+    case = f"linear_act x {list(x.shape)}, fp16, gelu"
+    out = linear_act("linear_act", x, weight, bias, "gelu", case=case)
+    check_output(out, x, weight, bias, "gelu", case=case)
 
 
 @requires_gpu
@@ -311,8 +345,8 @@ def test_edge_tiles_stay_inside(shape):
     if written:
         first = int((~buffer[m:].isnan()).flatten().nonzero()[0].item())
         raise harness.GradeFailure(
-            f"{case}: wrote {written} elements outside out, the first at row {m + first // n} (out has {m} rows)\n"
-            "  hint: the last tile of rows runs past M: skip rows >= M (and columns >= N) in the epilogue")
+            f"{case}: wrote past the end of out: {written} elements, the first at row {m + first // n} (out has {m} "
+            f"rows)\n  hint: {SPILL_HINT}")
 
 
 @requires_gpu
@@ -418,11 +452,9 @@ def test_wgmma_linear_act(shape, dtype, activation):
     skip_without_wgmma()
     m, n, k = shape
     x, weight, bias = make_inputs(m, n, k, dtype)
-    poison_allocator(m * n, dtype)
-    out = LAB.module.linear_act_wgmma(x, weight, bias, activation)
-    torch.cuda.synchronize()
-    check_output(out, x, weight, bias, activation, tile=wgmma_tile(), hint=WGMMA_HINT,
-                 case=f"linear_act_wgmma M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}")
+    case = f"linear_act_wgmma M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}"
+    out = linear_act("linear_act_wgmma", x, weight, bias, activation, case=case)
+    check_output(out, x, weight, bias, activation, tile=wgmma_tile(), hint=WGMMA_HINT, case=case)
 
 
 @pytest.mark.tma_output
@@ -438,7 +470,7 @@ def test_wgmma_edge_tiles_stay_inside(shape):
     torch.cuda.synchronize()
     check_output(buffer[:m], x, weight, bias, "gelu", tile=wgmma_tile(), hint=WGMMA_HINT,
                  case=f"linear_act_wgmma M={m} N={n} K={k} into out = buffer[:{m}]")
-    assert buffer[m:].isnan().all(), f"linear_act_wgmma M={m} N={n} K={k} wrote rows past M"
+    assert buffer[m:].isnan().all(), f"linear_act_wgmma M={m} N={n} K={k}: wrote past the end of out (rows past M)"
 
 
 @requires_gpu
@@ -586,8 +618,14 @@ MUTANTS = [
                    tests="test_linear_act and 17x40x24", expect="elements wrong"),
     # Not listed: removing the cp.async wait. On an H200 the copies landed before they were read in
     # every case we graded (2026-11-21), so the grader passed it: a race no test catches reliably.
+    # Out of bounds (issue 11, class 1): the epilogue's row guard removed, or one row short (> for >=). The rows past
+    # M land in out's NaN-filled buffer (test_edge_tiles_stay_inside) or, for the out the op allocates, past its end
+    # in the poisoned pool; every element of out is right.
     harness.Mutant("edge-rows-unguarded", "linear_act.cu", "        if (row >= M) continue;\n", "",
-                   tests="test_edge_tiles_stay_inside", expect="outside out"),
+                   tests="test_edge_tiles_stay_inside", expect="wrote past the end of out"),
+    harness.Mutant("row-guard-off-by-one", "linear_act.cu", "        if (row >= M) continue;\n",
+                   "        if (row > M) continue;\n", tests="test_linear_act and 17x40x24",
+                   expect="wrote past the end of out"),
     # 16-bit tolerance (issue 11, class 5): sqrt(2/pi) 1.25% too large changes most fp16 outputs by a few ulps,
     # inside the per-element tolerance; the flash-attention rule's bound (2x PyTorch's own fp16 error) is not.
     harness.Mutant("gelu-constant-off", "mma.cuh", "kSqrt2OverPi = 0.7978845608028654f", "kSqrt2OverPi = 0.8078581f",

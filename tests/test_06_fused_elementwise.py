@@ -810,17 +810,21 @@ PERF_SHAPE = (8192, 8192)
 PERF_DTYPES = [FP32, BF16]
 # (reference target, student bar) per dtype, held in the same run on the same GPU.
 # Reference targets: issue 12's "Speed": >= 0.90x copy, forward and backward; >= 2.0x eager and >= 0.95x compiled
-# forward; >= 1.05x compiled forward+backward; vectorized >= 1.3x scalar in bf16. Measured on an H100 (2026-11-22,
-# `./course bench 06` and tools/gpu/probe/lab06_page.py, site/data/bench/06-fused-elementwise.json): float32 meets
-# every one (forward 1.00x copy, backward 0.95x). bfloat16 with the erf form does not: forward 0.83-0.85x copy,
-# backward 0.87-0.89x. The same kernel with the tanh form reaches 0.92x, and Inductor's fused Triton kernel of
-# F.gelu(x + b) takes the same time as ours (0.110 vs 0.108 ms): that points at the erf's arithmetic rather than the
-# memory access at 2 bytes an element (not yet checked with ncu). On an H200 (2026-11-26, `./course test 06`, and
-# tools/gpu/probe/lab06_gelu_erf.py in the same session) the same bf16 kernels reach only 0.652-0.66x copy forward
-# and 0.71-0.713x backward: the H200 moves 4.2 TB/s against the H100's 3.0 with the same SMs, so a kernel whose
-# arithmetic sets its time falls further behind the copy there. The bf16 copy targets are the lower, H200, figures
-# less a margin (0.62 forward, 0.68 backward) until a faster erf path meets the issue's 0.90; the probe's exp2 GELU
-# (no erff) measured 0.93x forward and 0.89x backward on that H200 (tools/gpu/NOTES.md).
+# forward; >= 1.05x compiled forward+backward; vectorized >= 1.3x scalar in bf16. Measured on an NVIDIA H100 80GB HBM3
+# (2026-11-26, second session, `./course bench 06 --impl solutions --json`, site/data/bench/06-fused-elementwise.json;
+# `./course test 06` in the same session agrees to 0.01 on every copy ratio): forward vs copy 1.00 (fp32) / 0.99
+# (bf16), backward 0.96 / 0.93; vs eager 2.20 / 2.86; vs compiled 1.00 / 1.17; forward+backward vs compiled 1.17 /
+# 1.31; vectorized vs scalar 2.86. Every target that is the issue's own figure holds there with a margin of 5% or
+# more. bfloat16 vs copy is the exception to the issue's 0.90: with erff the bf16 erf kernels reached 0.83-0.85x
+# forward and 0.87-0.89x backward on an H100 (2026-11-22) and 0.652-0.66x / 0.71-0.713x on an NVIDIA H200
+# (2026-11-26), whose 4.2 TB/s copy against the H100's 3.0 with the same SMs leaves an arithmetic-bound kernel further
+# behind. The 16-bit erf kernels now compute the exp2 GELU (gelu.cuh, gelu_erf_exp2), and the lab's kernels with it
+# reach the H100 figures above (0.99 / 0.93). On the H200 only the probe's kernels with the same formula have been
+# timed (tools/gpu/probe/lab06_gelu_erf.py, 2026-11-26): 0.885x forward (one row a thread), 0.892x backward; on the
+# H100 the same probe measured its kernels within 1% of the lab's (forward 0.994 vs 0.987, backward 0.921 vs 0.926).
+# So the bf16 copy targets are 0.85 forward and backward: under both machines' figures with a 4-16% margin, and below
+# the issue's 0.90, which the H200 figures miss. Student bars stay below what erff reaches (H200: 0.65x / 0.71x),
+# since a student may keep erff.
 # Student bars (issue 11, class 6): a straightforward fused, vectorized kernel passes, the lesson's technique
 # removed fails:
 #   - copy: 0.70 fp32 (an unfused x + b pass moves 2x the bytes: <= 0.5); bf16 0.55 (the scalar kernel: 0.31);
@@ -828,10 +832,10 @@ PERF_DTYPES = [FP32, BF16]
 #   - eager 1.5 fp32, 1.4 bf16: no fusion is ~1.0x;
 #   - compiled 0.75 and forward+backward 0.85: unfused kernels do not pass;
 #   - vectorized vs scalar 1.15 (bf16): the no-vectorization mutant measured 0.999x (H100) and fails; the reference
-#     2.6x.
+#     2.86x (H100, the bench above).
 PERF_BARS = {
-    ("forward vs copy", FP32): (0.90, 0.70), ("forward vs copy", BF16): (0.62, 0.55),
-    ("backward vs copy", FP32): (0.90, 0.65), ("backward vs copy", BF16): (0.68, 0.60),
+    ("forward vs copy", FP32): (0.90, 0.70), ("forward vs copy", BF16): (0.85, 0.55),
+    ("backward vs copy", FP32): (0.90, 0.65), ("backward vs copy", BF16): (0.85, 0.60),
     ("forward vs eager", FP32): (2.0, 1.5), ("forward vs eager", BF16): (2.0, 1.4),
     ("forward vs compiled", FP32): (0.95, 0.75), ("forward vs compiled", BF16): (0.95, 0.75),
     ("forward+backward vs compiled", FP32): (1.05, 0.85), ("forward+backward vs compiled", BF16): (1.05, 0.85),
@@ -1040,10 +1044,11 @@ MUTANTS = [
     harness.Mutant("bias-indexed-by-row", "forward.cu", "u = to_compute(x[i]) + to_compute(bias[i % cols]);",
                    "u = to_compute(x[i]) + to_compute(bias[i / cols]);",
                    tests="test_forward and 7x3", expect="elements wrong"),
-    # The erf form's formula under approximate='tanh' and the other way round (they differ by up to ~2e-4).
+    # The erf form's formula under approximate='tanh' and the other way round (they differ by up to ~2e-4); float32,
+    # whose erf form is the erff one (the 16-bit types' exp2 branch comes first and stays the erf form's).
     harness.Mutant("gelu-forms-swapped", "gelu.cuh",
-                   "  if constexpr (kForm == GeluForm::kErf) {\n    return F(0.5) * u * (F(1) + erf_of(",
-                   "  if constexpr (kForm == GeluForm::kTanh) {\n    return F(0.5) * u * (F(1) + erf_of(",
+                   "  } else if constexpr (kForm == GeluForm::kErf) {\n    return F(0.5) * u * (F(1) + erf_of(",
+                   "  } else if constexpr (kForm == GeluForm::kTanh) {\n    return F(0.5) * u * (F(1) + erf_of(",
                    tests="test_forward and float32", expect="elements wrong"),
     # float64 run through float's erf: right to 1e-7, which float64's tolerance (and gradcheck) must not accept.
     harness.Mutant("erff-in-the-double-path", "gelu.cuh", "double erf_of(double v) { return erf(v); }",

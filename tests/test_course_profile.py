@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,17 @@ def test_summary_of_a_memory_bound_kernel(kernels):
     assert [t["reason"] for t in s["top_stalls"]] == ["long scoreboard", "lg throttle", "wait"]
     assert s["top_stalls"][0]["share_pct"] == pytest.approx(100 * 28.41 / 40.24)
     assert not s["tensor_pipe_pct"]
+
+
+@pytest.mark.parametrize("unit", ["ns", "", "a unit the table does not know"])
+def test_time_in_any_other_unit_is_taken_as_ncus_base_unit_nanoseconds(kernels, unit):
+    # --print-units base reports nanoseconds; the first H100 profiles (ncu 2025.3) came out 1000x slow and 1000x
+    # short of bandwidth with a fallback of 1 (780512 "us" and 2.7 "GB/s" for a 2 GiB copy).
+    kernel = dict(kernels[0], units=dict(kernels[0]["units"], **{"gpu__time_duration.sum": unit}))
+    s = kernel_profile.summarize(kernel)
+    assert s["time_us"] == pytest.approx(716.448)
+    assert s["dram_gbps"] == pytest.approx((1_073_790_464 + 1_073_745_920) / 716_448, rel=1e-9)
+    assert kernel_profile.summarize(dict(kernels[0], units={}))["time_us"] == pytest.approx(716.448)
 
 
 def test_summary_names_every_limiter_that_ties(kernels):
@@ -346,3 +358,114 @@ def test_profile_pipeline_with_a_stand_in_ncu(tmp_path):
     data = json.loads(out.read_text())
     assert data["gpu"] == "NVIDIA H100 80GB HBM3" and data["command"] == "./course profile 00 --impl solutions -k scale"
     assert len(data["kernels"]) == 5 and all(k["case"] is None for k in data["kernels"])
+
+
+# ---------------------------------------------------------------- the site's profile tables (site/hooks/profiles.py)
+def _load_profiles_hook():
+    """site/hooks/profiles.py as mkdocs loads it: its folder on sys.path (for _trees), by file path."""
+    import importlib.util
+
+    hooks = str(trees.ROOT / "site" / "hooks")
+    sys.path.insert(0, hooks)
+    try:
+        spec = importlib.util.spec_from_file_location("course_profiles_hook", Path(hooks) / "profiles.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(hooks)
+    return module
+
+
+@pytest.fixture
+def hook(kernels, tmp_path, monkeypatch):
+    """The hook reading a folder that holds one profile JSON as `./course profile 02 --json` writes it, made from the
+    hand-written ncu report (not invented data under site/data/profile: that folder holds only what a GPU measured)."""
+    module = _load_profiles_hook()
+    data = {"lab": "02-shared-memory", "impl": "solutions", "gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0",
+            "ncu": "2025.3.1.0", "date": "2026-11-27", "clock_control": "base (ncu's default)",
+            "command": "./course profile 02 --impl solutions -k tiled",
+            "kernels": kernel_profile.merge_repeats([kernel_profile.summarize(k) for k in kernels])}
+    (tmp_path / "02-shared-memory.json").write_text(json.dumps(data))
+    monkeypatch.setattr(module, "DATA", tmp_path)
+    return module
+
+
+class _Page:
+    class file:  # noqa: N801 (mkdocs's Page.file.src_uri)
+        src_uri = "02-shared-memory.md"
+
+
+def test_profile_marker_becomes_a_table_of_the_matching_kernel(hook, caplog):
+    text = hook.on_page_markdown("Before.\n\n<!-- profile: 02-shared-memory tiled_transpose_kernel<32> -->\n\nAfter.\n",
+                                 _Page, {}, None)
+    print(text)
+    assert text.startswith("Before.\n") and text.rstrip().endswith("After.") and "<!--" not in text
+    assert '<div class="profile">' in text
+    assert "<th><code>tiled_transpose_kernel&lt;32&gt;</code><br>tiled transpose 8192x8192 fp32 vs copy</th>" in text
+    assert "copy_vectorized_kernel" not in text  # only the kernels the pattern names
+    assert ('<tr><td>shared bank conflicts, loads</td><td align="right">65011712 (96.9% of wavefronts)</td></tr>'
+            in text)
+    assert '<tr><td>top warp stalls (share of cycles per issue)</td><td align="right">mio throttle' in text
+    assert ("<em>Nsight Compute 2025.3.1.0 on NVIDIA H100 80GB HBM3, 2026-11-27, by <code>./course profile 02 "
+            "--impl solutions -k tiled</code>") in text
+    assert not caplog.records
+
+
+def test_profile_table_has_a_column_per_launch(hook):
+    # partial_sums_kernel, final_sum_kernel, and torch.sum's baseline kernel (whose full name has sum_functor)
+    table = hook.render("02-shared-memory", "sum", False, "x.md")
+    header = table.splitlines()[2]
+    assert header.count("<br>") == 3 and header.endswith("sum 2^28 fp32 (baseline torch.sum)</th></tr></thead>")
+    assert all(line.count("<td") == 4 for line in table.splitlines() if line.startswith("<tr><td>")), table
+    assert "tensor pipe" not in table
+
+
+def test_profile_pending_marker_without_data_is_a_box(hook, caplog):
+    box = hook.render("00-first-kernel", "scale_kernel", True, "00-first-kernel.md")
+    assert 'class="admonition note profile-pending"' in box and "Not measured yet" in box
+    assert "<code>./course profile 00 --impl solutions --kernel &#x27;scale_kernel&#x27; --json</code>" in box
+    assert "site/data/profile/00-first-kernel.json" in box
+    assert not caplog.records
+
+
+def test_profile_pending_marker_with_data_fails_the_strict_build(hook, caplog):
+    table = hook.render("02-shared-memory", "tiled_transpose", True, "02-shared-memory.md")
+    assert "profile-pending" not in table and "<th>metric</th>" in table
+    assert any("should no longer say pending" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_profile_marker_without_data_or_match_fails_the_strict_build(hook, caplog):
+    assert "No profile of 00-first-kernel" in hook.render("00-first-kernel", "scale_kernel", False, "00.md")
+    assert "No profiled kernel matches" in hook.render("02-shared-memory", "no_such_kernel", False, "02.md")
+    assert "Bad kernel pattern" in hook.render("02-shared-memory", "(", False, "02.md")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 3, warnings
+    assert "commit site/data/profile/00-first-kernel.json" in warnings[0]
+    assert "copy_vectorized_kernel, final_sum_kernel" in warnings[1]
+
+
+def test_profile_hook_is_registered_after_bench():
+    hooks = re.findall(r"^\s*-\s*(site/hooks/\S+)", (trees.ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+    assert "site/hooks/profiles.py" in hooks and hooks.index("site/hooks/profiles.py") > hooks.index(
+        "site/hooks/bench.py")
+
+
+def test_profile_markers_on_the_lessons_name_their_lab():
+    """Each marker names its own page's lab (the JSON is per lab) and a kernel pattern that compiles."""
+    hook_module = _load_profiles_hook()
+    found = 0
+    for page in sorted(trees.LESSONS.glob("[0-9][0-9]-*.md")):
+        for match in hook_module.MARKER.finditer(page.read_text()):
+            found += 1
+            assert match.group(1) == page.stem, f"{page.name}: a profile marker names {match.group(1)}"
+            re.compile(match.group(2))
+    assert found >= 6
+
+
+@pytest.mark.parametrize("unit, micros", [("ns", 1.5), ("nsecond", 1.5), ("us", 1500.0), ("usecond", 1500.0),
+                                          ("ms", 1.5e6)])
+def test_time_units_as_ncu_writes_them(unit, micros):
+    """Nsight Compute 2025.3 with --print-units base writes the duration's unit as "ns" (seen on an H100): read as
+    microseconds it made every kernel 1000x slower on the pages and its DRAM GB/s 1000x lower."""
+    kernel = {"metrics": {"gpu__time_duration.sum": 1500.0}, "units": {"gpu__time_duration.sum": unit}}
+    assert kernel_profile._scaled(kernel, "gpu__time_duration.sum", kernel_profile._TIME_SCALE) == pytest.approx(micros)

@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from harness import check, trees
+from harness import check, jit, trees
 from harness.todos import ALL, REFERENCE_MARK, declarations_in, open_todos
 
 sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
@@ -304,3 +304,25 @@ def test_every_sanitize_case_names_a_test(lab):
     names = [line.split("::", 1)[1] for line in run.stdout.splitlines() if "::" in line]
     unmatched = [p for p in patterns if not any(re.fullmatch(p, name) for name in names)]
     assert not unmatched, f"{lab.test_file.name}: SANITIZE_CASES patterns that match no test: {unmatched}"
+
+
+@pytest.mark.parametrize("tree", ["solutions", "labs"])
+@pytest.mark.parametrize("lab", trees.all_labs(), ids=lambda lab: lab.name)
+def test_sanitizer_checks_every_kernel_of_the_lab(lab, tree):
+    """compute-sanitizer instruments only the kernels sanitizer.lab_kernels names (--kernel-name regex=...): it must
+    find every __global__ declaration of the lab's sources (and of the labs it compiles), or a kernel would run
+    unchecked; and each name must look like an identifier (the regex is an alternation of them)."""
+    import sanitizer
+
+    names = sanitizer.lab_kernels(lab.number, tree)
+    folder = lab.dir_in(trees.resolve_tree(tree))
+    folders = [folder, *jit.lab_dependencies(folder)]
+    assert names, f"{lab.name} ({tree}): no kernel names found"
+    assert all(re.fullmatch(r"\w+", n) for n in names), names
+    for path in (p for f in folders for p in f.iterdir() if p.suffix in (".cu", ".cuh", ".h", ".cpp")):
+        text = path.read_text()
+        for match in re.finditer(r"__global__", text):
+            after = text[match.start():match.start() + 400]
+            assert any(re.search(rf"\b{n}\s*\(", after) for n in names), (
+                f"{path.relative_to(trees.ROOT)}: a __global__ function whose name lab_kernels does not find: "
+                f"{after[:120]!r}")

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash 5f760eb2b103].
+// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash 134f83b67f5c].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01, part 2: the copy with 16-byte accesses. One float4 load moves four floats in one
@@ -19,10 +19,11 @@ static_assert(kVectorBytes == 16 && kFloatsPerVector == 4, "float4 is four 4-byt
 
 // float4s each thread loads before it stores any: the bytes in flight. Little's law: to
 // sustain bandwidth B with latency L, B * L bytes must be on their way at every moment.
-// An H200 reads ~2.1 TB/s during a 4.2 TB/s copy; a DRAM load under that load takes ~1 us:
-// ~2.1 MB in flight over 132 SMs = ~16 KB per SM, 8 bytes for each of 2048 resident threads.
-// One float4 (16 B) per thread covers that on paper, with no margin for lower occupancy or
-// the latency growing as the memory system fills; four (64 B, 128 KB per SM) do, and they
+// An H200 reads ~2.1 TB/s during a 4.2 TB/s copy; a DRAM load under that load takes ~1 us
+// (assumed, not measured): ~2.1 MB in flight over 132 SMs = ~16 KB per SM, 8 bytes for each of
+// 2048 resident threads, a floor (lesson 01, section 3). One float4 (16 B) per thread covers it on
+// paper, with no margin for lower occupancy or the latency growing as the memory system fills;
+// four (64 B, 128 KB per SM; four LDG.E.128 before the first store in the SASS) do, and they
 // quarter the loop overhead per byte. Their 16 data registers fit in the 32 per thread
 // that full occupancy leaves (65536 registers / 2048 threads).
 constexpr int kVectorsPerThread = 4;

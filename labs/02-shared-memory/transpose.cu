@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash a88e1da78e94].
+// Lab skeleton generated from solutions/02-shared-memory/transpose.cu by `./course labs` [lab-hash ee055a238f0c].
 // Students: fill in the TODO(lab02.k) blocks, then run `./course grade 02`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 02: transpose through shared memory. A transpose moves every element once and computes
@@ -19,11 +19,12 @@ using course::kWarpSize;
 // so a warp reading one tile row (or writing one) touches exactly one 128-byte line.
 constexpr int kTile = kWarpSize;
 // 4 rows of threads: 32 x 4 = 128 threads per block, each thread carrying 8 of the tile's 32
-// rows and issuing its 8 loads back to back before it waits on any of them. The loads in flight
-// are what keep HBM busy (bytes in flight = bandwidth x latency: ~4 MB on an H200, ~30 KiB per
-// SM). 16 blocks of 128 fill the 2048 resident threads of an sm_80/sm_90 SM with 64 KiB of loads
-// in flight; 8 fill a T4's 1024. Measured on an H200: 8 rows of threads (4 loads each) reached
-// 77% of copy bandwidth, 4 rows (8 loads each) 89%.
+// rows and issuing its 8 loads back to back before it waits on any of them (8 LDG before the first
+// STS in the SASS). The loads in flight are what keep HBM busy (Little's law, lesson 01: ~2.1 MB,
+// ~16 KB per SM on an H200 for a kernel that reads half the bytes it moves, a floor). 16 blocks of
+// 128 fill the 2048 resident threads of an sm_80/sm_90 SM with 64 KiB of loads in flight; 8 fill a
+// T4's 1024. Measured on an H200: 8 rows of threads (4 loads each, 32 KiB per SM) reached 77% of
+// copy bandwidth, 4 rows (8 loads each, 64 KiB) 89%.
 constexpr int kBlockRows = 4;
 constexpr int kThreadsPerBlock = kTile * kBlockRows;
 constexpr int kRowsPerThread = kTile / kBlockRows;

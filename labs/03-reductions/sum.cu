@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/03-reductions/sum.cu by `./course labs` [lab-hash cc1e507cea6f].
+// Lab skeleton generated from solutions/03-reductions/sum.cu by `./course labs` [lab-hash a89c29578441].
 // Students: fill in the TODO(lab03.k) blocks, then run `./course grade 03`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 03: the sum of a whole array, in two passes (deterministic) or with atomics
@@ -15,9 +15,10 @@ using reduce::kWarpSize;
 
 // --8<-- [start:unroll]
 // A memory-bound kernel is fast when enough bytes are in flight to cover the memory's
-// latency: bandwidth x latency = 4.8 TB/s x ~700 ns ~ 3.4 MB on an H200, ~25 KB per SM.
-// 2048 resident threads x one 16-byte load each is only 32 KB, so every thread issues
-// kVectorsInFlight loads before it adds any of them: 128 KB in flight per SM.
+// latency (Little's law, lesson 01): a sum only reads, at up to the ~4.2 TB/s an H200's copy
+// moves, so ~4.2 MB at an assumed ~1 us, ~32 KB per SM, a floor. 2048 resident threads x one
+// 16-byte load each is just that, with no margin, so every thread issues kVectorsInFlight loads
+// before it adds any of them: 128 KB in flight per SM (LDG.E.128 x4 in the SASS).
 constexpr int kVectorsInFlight = 4;
 // --8<-- [end:unroll]
 

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act_wgmma.cu by `./course labs` [lab-hash 89debac10285].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act_wgmma.cu by `./course labs` [lab-hash c79b5cda4d9c].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05, the reference's Hopper path (section 10): the same out = act(x @ weight^T + bias),
@@ -19,9 +19,10 @@
 #include <stdexcept>
 #include <string>
 
+#include <course/wgmma.cuh>
+
 #include "mma.cuh"
 #include "tensor_cores.h"
-#include "wgmma.cuh"
 
 namespace {
 

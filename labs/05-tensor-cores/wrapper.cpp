@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash 8b01ee35d2d9].
+// Lab skeleton generated from solutions/05-tensor-cores/wrapper.cpp by `./course labs` [lab-hash 6d5de3373ce4].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05's host wrapper: checks the shape contract, the dtypes and the GPU, then launches
@@ -135,6 +135,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "wgmma_tile_config", [] { return tile_dict(wgmma_tile_config()); },
       "tile_config of the Hopper path (linear_act_wgmma), whatever GPU this is");
+  m.def(
+      "residency",
+      [](int stages) {
+        const KernelResidency r = linear_act_residency(stages);
+        return pybind11::dict(
+            pybind11::arg("stages") = r.stages, pybind11::arg("threads") = r.threads,
+            pybind11::arg("registers") = r.registers, pybind11::arg("static_shared_bytes") = r.static_shared_bytes,
+            pybind11::arg("dynamic_shared_bytes") = r.dynamic_shared_bytes,
+            pybind11::arg("local_bytes") = r.local_bytes, pybind11::arg("blocks_per_sm") = r.blocks_per_sm,
+            pybind11::arg("registers_only_blocks_per_sm") = r.registers_only_blocks_per_sm);
+      },
+      "the bf16 mma.sync kernel at `stages` (4, 6 or 8) on this GPU, from the CUDA runtime: registers, shared "
+      "memory, and blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), with and without its shared memory",
+      pybind11::arg("stages") = 4);
   m.def(
       "constants",
       [] {

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/backward.cu by `./course labs` [lab-hash cfc9a1f39015].
+// Lab skeleton generated from solutions/06-fused-elementwise/backward.cu by `./course labs` [lab-hash 79899778c1b5].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06, backward: grad_x = grad_y * GELU'(x + bias), and grad_bias = grad_x summed over every
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     // TODO(lab06.4): this thread's column sums: load its kElems biases once (Vector at bias + col); then for
     //   its rows first_row + j * kRowLanes, j = 0..kRowsPerLane-1 (skip rows >= rows, and everything when !in_matrix),
     //   kRowsInFlight rows at a time, load grad_y and x (one Vector each at row * cols + col) before computing any;
-    //   g = grad_y * gelu_grad<kForm>(x + bias) in C, store grad_x (rounded once), and add the unrounded g into
+    //   g = grad_y * gelu_grad<kForm, T>(x + bias) in C, store grad_x (rounded once), and add the unrounded g into
     //   sums[e]
     //   then the block's sums: store sums[e] in lane_sums[row_lane][e][lane], __syncthreads(), let row lane 0 add
     //   the kRowLanes values of each column in the order 0, 1, ..., kRowLanes-1 and write them to

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/forward.cu by `./course labs` [lab-hash 08e8d9cd3805].
+// Lab skeleton generated from solutions/06-fused-elementwise/forward.cu by `./course labs` [lab-hash e648e6f3fa29].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06, forward: y = GELU(x + bias) in one pass. PyTorch's unfused F.gelu(x + b) reads x,
@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     bias_gelu_scalar_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t n,
                             int64_t cols) {
   // TODO(lab06.2): grid-stride over the n = rows * cols elements with an int64 index i (n may pass 2^31):
-  //   y[i] = from_compute<T>(gelu<kForm>(to_compute(x[i]) + to_compute(bias[i % cols]))), widened once, rounded once
+  //   y[i] = from_compute<T>(gelu<kForm, T>(to_compute(x[i]) + to_compute(bias[i % cols]))), widened once, rounded once
 }
 // --8<-- [end:forward_scalar]
 

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/attention.h by `./course labs` [lab-hash 71f9f6e8e111].
+// Lab skeleton generated from solutions/08-flash-attention/attention.h by `./course labs` [lab-hash 672723f616f7].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's kernel launchers: plain pointers, sizes, strides and a stream, no torch types, so the
@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 enum class ElementType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
@@ -116,3 +117,20 @@ struct FlashBackwardTiles {
   int block_m, block_n, warps, shared_bytes;
 };
 FlashBackwardTiles flash_backward_tiles(int head_dim);
+
+// The reference's Hopper path of rung 3 (flash_forward_hopper.cu): the same contract and results, with
+// TMA, mbarriers, wgmma and warp specialization; sm_90a builds on a compute capability 9.0 GPU only.
+// overlap: FlashAttention-3's intra-warpgroup pipelining (the softmax of key block j while O += P V of
+// block j - 1 runs) instead of the plain pipeline; both are built, so that both can be timed.
+void launch_flash_forward_hopper(ElementType type, const AttentionParams& params, bool overlap, cudaStream_t stream);
+// Whether this process can run it on the current GPU: compute capability 9.0 and an sm_90a image.
+bool flash_forward_hopper_available();
+// Why the Hopper path cannot take a call ("" when it can): dtype, head_dim, empty tensors, TMA's
+// alignment rule for the views (16-byte base, strides multiples of 16 bytes), the GPU or the build.
+std::string flash_forward_hopper_refusal(ElementType type, const AttentionParams& params);
+// Its tiles, for the probe and the page: block_m query rows (2 consumer warpgroups of 64), block_n
+// keys, warps (12: a producer and 2 consumer warpgroups), stages of the K/V ring, dynamic shared memory.
+struct FlashForwardHopperTiles {
+  int block_m, block_n, warps, stages, shared_bytes;
+};
+FlashForwardHopperTiles flash_forward_hopper_tiles(int head_dim);

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/module.cpp by `./course labs` [lab-hash 62f5e9c7415e].
+// Lab skeleton generated from solutions/08-flash-attention/module.cpp by `./course labs` [lab-hash 3564f712ad89].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's Python module: wrapper.h's functions bound with pybind11, and the kernels' fixed
@@ -19,10 +19,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("flash_forward_fp32", &flash_forward_fp32,
         "rung 2: (o, lse) by flash attention in float32 on the CUDA cores; head_dim 64 or 128", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
-  m.def("flash_forward", &flash_forward,
+  m.def("flash_forward", &flash_forward_path,
         "rung 3: (o, lse) by flash attention on the tensor cores; float16 or bfloat16, head_dim 64 or 128, "
-        "compute capability 8.0+",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
+        "compute capability 8.0+. path: 'auto' (the Hopper kernel on sm_90a where the views qualify for TMA, else "
+        "rung 3), 'portable' (rung 3), 'hopper', 'hopper_simple', 'hopper_overlap' (the Hopper kernel, or an error)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(),
+        py::arg("path") = "auto");
+  m.def("flash_forward_hopper_available", &flash_forward_hopper_available,
+        "whether flash_forward's Hopper kernel runs on the current GPU (compute capability 9.0, a build for sm_90a)");
   m.def("flash_backward", &flash_backward,
         "rung 4: (grad_q, grad_k, grad_v) from grad_o and the forward's o and lse; deterministic=True computes dQ "
         "in a second pass instead of float32 atomics (bitwise reproducible, more FLOPs)",
@@ -53,6 +57,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           put("forward_warps", fwd.warps);
           put("forward_stages", fwd.stages);
           put("forward_shared_bytes", fwd.shared_bytes);
+          const FlashForwardHopperTiles hopper = flash_forward_hopper_tiles(d);
+          put("hopper_block_m", hopper.block_m);
+          put("hopper_block_n", hopper.block_n);
+          put("hopper_warps", hopper.warps);
+          put("hopper_stages", hopper.stages);
+          put("hopper_shared_bytes", hopper.shared_bytes);
           const FlashBackwardTiles bwd = flash_backward_tiles(d);
           put("backward_block_m", bwd.block_m);
           put("backward_block_n", bwd.block_n);
@@ -62,5 +72,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return c;
       },
       "{head_dims: [64, 128], and per head_dim d: fp32_/forward_/backward_ block_m, block_n, warps, shared_bytes "
-      "(+ forward_stages), keyed like 'forward_block_m_d64'}");
+      "(+ forward_stages), and hopper_ the same for the Hopper forward, keyed like 'forward_block_m_d64'}");
 }

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/wrapper.cpp by `./course labs` [lab-hash be3b388eff19].
+// Lab skeleton generated from solutions/08-flash-attention/wrapper.cpp by `./course labs` [lab-hash 438823a8b855].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's host wrapper: checks, the device and stream, the outputs and workspaces, launches. The
@@ -29,6 +29,30 @@ namespace {
 
 // Which kernels an op runs: the dtypes, head dims, layouts and GPUs each rung takes differ.
 enum class Rung { kNaive, kFp32, kTensorCores };
+
+// flash_forward's kernels (wrapper.h): rung 3 everywhere, the Hopper kernel where it can run.
+enum class ForwardPath { kAuto, kPortable, kHopper, kHopperSimple, kHopperOverlap };
+
+// --8<-- [start:hopper_default]
+// The Hopper kernel's pipeline for path 'auto' and 'hopper': the simple one. FlashAttention-3's intra-warpgroup
+// overlap measured slower here (H100, python3 tools/gpu/probe/lab08_hopper.py, 2026-11-26, bf16 (8, 16, 4096..8192):
+// 0.71-0.74x cuDNN against 0.82-0.87x at d128, 0.81-0.84x against 0.87-0.90x at d64); 'hopper_simple' and
+// 'hopper_overlap' pick either, so that both stay timed.
+constexpr bool kHopperOverlapByDefault = false;
+// --8<-- [end:hopper_default]
+
+ForwardPath parse_forward_path(const std::string& path, const char* op) {
+  if (path == "auto") return ForwardPath::kAuto;
+  if (path == "portable") return ForwardPath::kPortable;
+  if (path == "hopper") return ForwardPath::kHopper;
+  if (path == "hopper_simple") return ForwardPath::kHopperSimple;
+  TORCH_CHECK(path == "hopper_overlap", op,
+              ": path must be 'auto' (the Hopper kernel where it runs, else the portable one), 'portable' (rung 3, "
+              "mma.sync), 'hopper', 'hopper_simple' or 'hopper_overlap' (the sm_90a kernel, flash_forward_hopper.cu); "
+              "got '",
+              path, "'");
+  return ForwardPath::kHopperOverlap;
+}
 
 // "0.125", "1e-50": a double as a message shows it (std::to_string would print 0.000000).
 std::string format_number(double value) {
@@ -264,10 +288,36 @@ std::tuple<at::Tensor, at::Tensor> flash_forward_fp32(const at::Tensor& q, const
 
 std::tuple<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  bool causal, std::optional<double> scale) {
-  return run_forward("flash_forward", Rung::kTensorCores, q, k, v, causal, scale, [&](const AttentionParams& params) {
-    launch_flash_forward(element_type(q.scalar_type()), params, course::current_stream());
+  return flash_forward_path(q, k, v, causal, scale, "auto");
+}
+
+// --8<-- [start:forward_dispatch]
+std::tuple<at::Tensor, at::Tensor> flash_forward_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      bool causal, std::optional<double> scale,
+                                                      const std::string& path) {
+  constexpr const char* op = "flash_forward";
+  const ForwardPath chosen = parse_forward_path(path, op);
+  return run_forward(op, Rung::kTensorCores, q, k, v, causal, scale, [&](const AttentionParams& params) {
+    const ElementType type = element_type(q.scalar_type());
+    if (chosen == ForwardPath::kPortable) {
+      launch_flash_forward(type, params, course::current_stream());
+      return;
+    }
+    const std::string refusal = flash_forward_hopper_refusal(type, params);
+    if (chosen == ForwardPath::kAuto && !refusal.empty()) {  // not Hopper, or a view TMA cannot describe
+      launch_flash_forward(type, params, course::current_stream());
+      return;
+    }
+    TORCH_CHECK(refusal.empty(), op, ": path='", path,
+                "' runs the Hopper kernel, which cannot take this call: ", refusal, "; got q ", course::describe(q),
+                " with strides ", course::format_dims(q.strides()),
+                "; use path='auto' (which falls back to the portable kernel) or path='portable'");
+    const bool overlap = chosen == ForwardPath::kHopperOverlap ||
+                         ((chosen == ForwardPath::kHopper || chosen == ForwardPath::kAuto) && kHopperOverlapByDefault);
+    launch_flash_forward_hopper(type, params, overlap, course::current_stream());
   });
 }
+// --8<-- [end:forward_dispatch]
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& grad_o, const at::Tensor& q,
                                                               const at::Tensor& k, const at::Tensor& v,

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/wrapper.h by `./course labs` [lab-hash 5e6cfecc2047].
+// Lab skeleton generated from solutions/08-flash-attention/wrapper.h by `./course labs` [lab-hash da22561a6c73].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's ops as C++ functions on tensors (the attention rungs, forward and backward): what wrapper.cpp defines
@@ -19,6 +19,14 @@ std::tuple<at::Tensor, at::Tensor> flash_forward_fp32(const at::Tensor& q, const
                                                       bool causal, std::optional<double> scale);
 std::tuple<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  bool causal, std::optional<double> scale);
+// The same op with its kernel chosen by `path`: "auto" (the Hopper kernel on a compute capability 9.0 GPU
+// when the build has sm_90a and the views qualify for TMA, else rung 3), "portable" (rung 3, mma.sync),
+// "hopper" (the Hopper kernel in its default pipeline, or an error saying why it cannot run),
+// "hopper_simple" / "hopper_overlap" (the Hopper kernel with either pipeline: flash_forward_hopper.cu).
+// flash_forward is path "auto".
+std::tuple<at::Tensor, at::Tensor> flash_forward_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      bool causal, std::optional<double> scale,
+                                                      const std::string& path);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& grad_o, const at::Tensor& q,
                                                               const at::Tensor& k, const at::Tensor& v,
                                                               const at::Tensor& o, const at::Tensor& lse, bool causal,

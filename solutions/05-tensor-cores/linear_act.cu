@@ -5,6 +5,7 @@
 #include <course/cuda.cuh>
 
 #include <stdexcept>
+#include <string>
 
 #include "mma.cuh"
 #include "tensor_cores.h"
@@ -20,8 +21,13 @@
 //    byte. Shared memory delivers 128 B/clock/SM, enough for 4096 FLOP/clock/SM, above what
 //    mma.sync issues; a 64 x 32 warp tile (21 FLOP/B) would be bound by shared memory first.
 //  - Registers: 4 * 8 * 4 = 128 fp32 accumulators + 16 + 16 fragment registers per thread,
-//    under the 255 a thread can have. One block per SM is the minimum asked of ptxas: measured
-//    on an H200, 2 blocks per SM (and 5, 6 or 8 stages) ran 0.42-0.43x cuBLAS, 1 block 0.47x.
+//    under the 255 a thread can have (ptxas: 240 for bf16, nvcc 13.0, sm_90a). kMinBlocksPerSm is
+//    __launch_bounds__'s *minimum* of resident blocks: it caps ptxas's budget at
+//    65536 / (128 * kMinBlocksPerSm) registers a thread, and limits nothing at run time. At 240
+//    registers (128 * 240 = 30720 of an SM's 65536 a block) and 64 KB of shared memory, 2 blocks fit
+//    an H100/H200 SM with 1 or 2 here (linear_act_residency below asks the runtime). On an H200,
+//    kMinBlocksPerSm = 2 (ptxas: 236 registers, the same instruction counts scheduled differently)
+//    ran 0.42-0.43x cuBLAS and 1 ran 0.47x: a difference of code generation, not of occupancy.
 //  - Shared memory: (128 + 128) rows * 64 B = 16 KB per stage; 4 stages = 64 KB per block
 //    (A100 has 164 KB per SM, H100 228 KB). On sm_75 (no cp.async, 64 KB per SM) 2 stages: 32 KB.
 constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 32;
@@ -218,6 +224,42 @@ void launch_linear_act(ElementType type, const void* x, const void* weight, cons
     launch_typed<__half, kStagesAsync>(x, weight, bias, out, M, N, K, activation, stream);
   } else {
     launch_typed<__half, kStagesSync>(x, weight, bias, out, M, N, K, activation, stream);
+  }
+}
+
+// Residency as the CUDA runtime computes it (not a task; the lesson's section 5 and the notebook quote it).
+// __launch_bounds__'s second argument is a minimum that caps ptxas's register budget, not a limit on
+// blocks per SM: the blocks that fit are set by the registers ptxas chose and the shared memory each
+// stage count takes, so they are asked of the runtime here for the bf16 kernel at 4 (the one the
+// launcher runs on sm_80+), 6 and 8 stages. registers_only_blocks_per_sm is the same question with no
+// dynamic shared memory: the registers' (and threads') limit alone.
+template <int kStages>
+static KernelResidency residency_of() {
+  const auto kernel = linear_act_kernel<__nv_bfloat16, kStages>;
+  constexpr int shared_bytes = shared_bytes_for(kStages);
+  KernelResidency r{kStages, kThreads, 0, 0, shared_bytes, 0, 0, 0};
+  cudaFuncAttributes attributes{};
+  COURSE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  r.registers = attributes.numRegs;
+  r.static_shared_bytes = static_cast<int>(attributes.sharedSizeBytes);
+  r.local_bytes = static_cast<int>(attributes.localSizeBytes);
+  COURSE_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.registers_only_blocks_per_sm, kernel, kThreads, 0));
+  // More than the GPU lets one block opt in to: the kernel cannot launch at this stage count (sm_75: 64 KB).
+  if (shared_bytes > course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) return r;
+  COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  COURSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, kernel, kThreads, shared_bytes));
+  return r;
+}
+
+KernelResidency linear_act_residency(int stages) {
+  switch (stages) {
+    case 4: return residency_of<4>();
+    case 6: return residency_of<6>();
+    case 8: return residency_of<8>();
+    default:
+      throw std::runtime_error("linear_act_residency: stages must be 4, 6 or 8 (the instantiated ones), got " +
+                               std::to_string(stages));
   }
 }
 

@@ -16,9 +16,10 @@
 #include <stdexcept>
 #include <string>
 
+#include <course/wgmma.cuh>
+
 #include "mma.cuh"
 #include "tensor_cores.h"
-#include "wgmma.cuh"
 
 namespace {
 

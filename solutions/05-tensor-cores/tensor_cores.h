@@ -33,6 +33,16 @@ TileConfig tile_config(int capability_major);
 // The same for the Hopper path (linear_act_wgmma.cu), whatever GPU this is.
 TileConfig wgmma_tile_config();
 
+// What the CUDA runtime reports for the bf16 mma.sync kernel at `stages` pipeline stages (4, 6 or 8)
+// on the current GPU: cudaFuncGetAttributes (registers, static shared memory, local memory) and
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor with the stage count's dynamic shared memory
+// (blocks_per_sm; 0 where it exceeds what a block may opt in to) and with none (the registers' limit).
+struct KernelResidency {
+  int stages, threads, registers, static_shared_bytes, dynamic_shared_bytes, local_bytes, blocks_per_sm,
+      registers_only_blocks_per_sm;
+};
+KernelResidency linear_act_residency(int stages);
+
 // Fragment layout of mma.m16n8k16 (see mma.cuh), exposed so the grader checks it without a GPU.
 struct Position {
   int row, col;

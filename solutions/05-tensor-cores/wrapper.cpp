@@ -133,6 +133,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "wgmma_tile_config", [] { return tile_dict(wgmma_tile_config()); },
       "tile_config of the Hopper path (linear_act_wgmma), whatever GPU this is");
   m.def(
+      "residency",
+      [](int stages) {
+        const KernelResidency r = linear_act_residency(stages);
+        return pybind11::dict(
+            pybind11::arg("stages") = r.stages, pybind11::arg("threads") = r.threads,
+            pybind11::arg("registers") = r.registers, pybind11::arg("static_shared_bytes") = r.static_shared_bytes,
+            pybind11::arg("dynamic_shared_bytes") = r.dynamic_shared_bytes,
+            pybind11::arg("local_bytes") = r.local_bytes, pybind11::arg("blocks_per_sm") = r.blocks_per_sm,
+            pybind11::arg("registers_only_blocks_per_sm") = r.registers_only_blocks_per_sm);
+      },
+      "the bf16 mma.sync kernel at `stages` (4, 6 or 8) on this GPU, from the CUDA runtime: registers, shared "
+      "memory, and blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), with and without its shared memory",
+      pybind11::arg("stages") = 4);
+  m.def(
       "constants",
       [] {
         return pybind11::dict(pybind11::arg("warp_size") = course::kWarpSize,

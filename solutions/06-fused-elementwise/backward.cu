@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     // SOLUTION BEGIN lab06.4: this thread's column sums: load its kElems biases once (Vector at bias + col); then for
     //   its rows first_row + j * kRowLanes, j = 0..kRowsPerLane-1 (skip rows >= rows, and everything when !in_matrix),
     //   kRowsInFlight rows at a time, load grad_y and x (one Vector each at row * cols + col) before computing any;
-    //   g = grad_y * gelu_grad<kForm>(x + bias) in C, store grad_x (rounded once), and add the unrounded g into
+    //   g = grad_y * gelu_grad<kForm, T>(x + bias) in C, store grad_x (rounded once), and add the unrounded g into
     //   sums[e]
     //   then the block's sums: store sums[e] in lane_sums[row_lane][e][lane], __syncthreads(), let row lane 0 add
     //   the kRowLanes values of each column in the order 0, 1, ..., kRowLanes-1 and write them to
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
           Vector gx;
 #pragma unroll
           for (int e = 0; e < kElems; ++e) {
-            const C g = to_compute(gy[j].v[e]) * gelu_grad<kForm>(to_compute(xs[j].v[e]) + b[e]);
+            const C g = to_compute(gy[j].v[e]) * gelu_grad<kForm, T>(to_compute(xs[j].v[e]) + b[e]);
             gx.v[e] = from_compute<T>(g);
             // The unrounded g: grad_bias is then as exact as float summation allows, not
             // limited by grad_x's 16-bit rounding (PyTorch's unfused backward sums the rounded one).

@@ -18,11 +18,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     bias_gelu_scalar_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t n,
                             int64_t cols) {
   // SOLUTION BEGIN lab06.2: grid-stride over the n = rows * cols elements with an int64 index i (n may pass 2^31):
-  //   y[i] = from_compute<T>(gelu<kForm>(to_compute(x[i]) + to_compute(bias[i % cols]))), widened once, rounded once
+  //   y[i] = from_compute<T>(gelu<kForm, T>(to_compute(x[i]) + to_compute(bias[i % cols]))), widened once, rounded once
   const int64_t grid_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += grid_threads) {
     const Compute<T> u = to_compute(x[i]) + to_compute(bias[i % cols]);  // x + bias, never rounded to T
-    y[i] = from_compute<T>(gelu<kForm>(u));
+    y[i] = from_compute<T>(gelu<kForm, T>(u));
   }
   // SOLUTION END
 }
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     Vector yv;
 #pragma unroll
     for (int e = 0; e < kElems; ++e) {
-      yv.v[e] = from_compute<T>(gelu<kForm>(to_compute(xv.v[e]) + to_compute(bv.v[e])));
+      yv.v[e] = from_compute<T>(gelu<kForm, T>(to_compute(xv.v[e]) + to_compute(bv.v[e])));
     }
     y_vectors[v] = yv;
   }

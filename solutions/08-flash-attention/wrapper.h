@@ -16,6 +16,14 @@ std::tuple<at::Tensor, at::Tensor> flash_forward_fp32(const at::Tensor& q, const
                                                       bool causal, std::optional<double> scale);
 std::tuple<at::Tensor, at::Tensor> flash_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  bool causal, std::optional<double> scale);
+// The same op with its kernel chosen by `path`: "auto" (the Hopper kernel on a compute capability 9.0 GPU
+// when the build has sm_90a and the views qualify for TMA, else rung 3), "portable" (rung 3, mma.sync),
+// "hopper" (the Hopper kernel in its default pipeline, or an error saying why it cannot run),
+// "hopper_simple" / "hopper_overlap" (the Hopper kernel with either pipeline: flash_forward_hopper.cu).
+// flash_forward is path "auto".
+std::tuple<at::Tensor, at::Tensor> flash_forward_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      bool causal, std::optional<double> scale,
+                                                      const std::string& path);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& grad_o, const at::Tensor& q,
                                                               const at::Tensor& k, const at::Tensor& v,
                                                               const at::Tensor& o, const at::Tensor& lse, bool causal,

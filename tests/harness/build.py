@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from . import jit, trees
+from . import jit, timing, trees
 
 _built: dict[tuple[str, str], object] = {}
 # A submission that does not compile fails the same way for every test that touches it: build
@@ -52,11 +52,14 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
             return _built[key]
         if key in _failed:
             raise _failed[key]
+    timing.build_started()
     try:
         module = _compile_and_import(lab, tree, verbose, extra_cuda_cflags)
     except Exception as error:
         _failed[key] = error
+        timing.build_ended(failed=True)
         raise
+    timing.build_ended(failed=False)
     _built[key] = module
     return module
 

@@ -147,12 +147,20 @@ class PoisonedPool:
         written = (slack != POISON_BYTE).nonzero().flatten().tolist()
         if written:
             size = out.element_size()
-            elements = sorted({nbytes // size + i // size for i in written})
+            # Indices past out's last element, counted from out's first: a view (row_stats' s, say) may start
+            # inside its storage.
+            elements = sorted({(nbytes + i) // size - out.storage_offset() for i in written})
             shown = ", ".join(f"{name}.flatten()[{e}]" for e in elements[:4])
             raise GradeFailure(
                 f"{case}: wrote past the end of {name}: {len(written)} bytes after its last element changed, "
                 f"at {shown}{' ...' if len(elements) > 4 else ''} ({name} has {out.numel()} elements)\n"
                 f"  hint: {hint or SPILL_HINT}")
+
+
+def pool_bytes(*sizes: int) -> int:
+    """PoisonedPool's large_bytes for an op whose allocations are `sizes` bytes: those over 1 MiB, which the
+    allocator serves from its large pool, each rounded up to ALLOCATOR_ROUNDING."""
+    return sum(-(-s // ALLOCATOR_ROUNDING) * ALLOCATOR_ROUNDING for s in sizes if s > _SMALL_REQUEST)
 
 
 def random_tensor(shape, dtype: torch.dtype, device="cuda", generator=None) -> torch.Tensor:

@@ -25,6 +25,8 @@ BUILD = ROOT / "build"
 INCLUDE = ROOT / "include"
 LESSONS = ROOT / "lessons"
 BENCH_DATA = ROOT / "site" / "data" / "bench"
+PROFILE_DATA = ROOT / "site" / "data" / "profile"  # ./course profile NN --json (site/hooks/profiles.py)
+PLOT_DATA = ROOT / "site" / "data" / "plots"  # a probe's rows, drawn by site/hooks/plots.py
 
 # Environment variable through which `./course` tells pytest which tree to grade.
 IMPL_ENV = "COURSE_IMPL"

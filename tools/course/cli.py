@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -138,6 +139,7 @@ def _grade_submissions(args) -> int:
     runs = sum(len(labs) for labs in plan.values())
     jobs, rule = (args.jobs, "--jobs") if args.jobs else runner.default_jobs()
     workers = min(jobs, runs)
+    class_started = time.perf_counter()
     if workers > 1:
         everything = _grade_concurrently(args, python, plan, workers, f"--jobs {jobs}" if args.jobs else
                                          f"--jobs {jobs}, the default: {rule}, at most {runner.MAX_DEFAULT_JOBS}")
@@ -146,11 +148,14 @@ def _grade_submissions(args) -> int:
         for submission, labs in plan.items():
             results = everything[submission.name] = []
             for lab in labs:
+                queued = time.perf_counter() - class_started
                 results.append(run_lab_tests(python, [lab.test_file], str(submission),
                                              f"{submission.name}-{lab.name}", verbose=args.verbose, lab=lab,
                                              deadline_s=args.deadline, seed=args.seed))
                 sanitizer.run_as_asked(args, python, results[-1], lab, str(submission),
-                                   label_prefix=f"{submission.name}-{lab.name}-")
+                                       label_prefix=f"{submission.name}-{lab.name}-")
+                results[-1]["phases"] = runner.job_phases(results[-1], queued=queued, perf_wait=0.0)
+    wall_s = time.perf_counter() - class_started
     if shard_tag:  # `report merge` checks that the shards it gets are one split, and complete
         for results in everything.values():
             for result in results:
@@ -158,6 +163,9 @@ def _grade_submissions(args) -> int:
     default = f"grades-shard-{args.shard[0]}-of-{args.shard[1]}.json" if args.shard else "grades.json"
     _write_class(Path(args.json or (trees.BUILD / default)), everything,
                  (Path(args.out) if args.out else trees.BUILD / "gradescope") if gradescope else None)
+    # Where the time went (each result's "phases" in the JSON says it per submission x lab).
+    print(f"[course] {runner.breakdown([r for results in everything.values() for r in results], wall_s)}",
+          flush=True)
     return 0
 
 
@@ -356,7 +364,7 @@ def cmd_profile(args) -> int:
     impl = _impl(args.impl)
     json_out = args.json
     if json_out is True:  # plain --json: the site's data, beside the benchmark JSON
-        json_out = str(ROOT / "site" / "data" / "profile" / f"{lab.name}{'-sass' if args.sass else ''}.json")
+        json_out = str(trees.PROFILE_DATA / f"{lab.name}{'-sass' if args.sass else ''}.json")
     if args.sass:
         return kernel_profile.sass(python, lab, impl, kernel=args.kernel, json_out=json_out)
     return kernel_profile.profile(python, lab, impl, kernel=args.kernel, select=args.select, baseline=args.baseline,

@@ -22,16 +22,26 @@ from pathlib import Path
 _TREES_PY = Path(__file__).resolve().parents[2] / "tests" / "harness" / "trees.py"
 
 
-def load_trees():
-    """tests/harness/trees.py (paths, and the names the CLI shares with the harness), loaded
-    once by file path: importing the tests.harness package would import torch."""
-    module = sys.modules.get("course_trees")
+def _load_harness_module(name: str, alias: str):
+    """tests/harness/NAME.py loaded once by file path, as sys.modules[alias]: importing the tests.harness
+    package would import torch. Only for the harness modules that use the standard library alone."""
+    module = sys.modules.get(alias)
     if module is None:
-        spec = importlib.util.spec_from_file_location("course_trees", _TREES_PY)
+        spec = importlib.util.spec_from_file_location(alias, _TREES_PY.with_name(f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
-        sys.modules["course_trees"] = module
+        sys.modules[alias] = module
         spec.loader.exec_module(module)
     return module
+
+
+def load_trees():
+    """tests/harness/trees.py (paths, and the names the CLI shares with the harness)."""
+    return _load_harness_module("trees", "course_trees")
+
+
+def load_jit():
+    """tests/harness/jit.py (the grader's build rules: a lab's sources and the labs its depends.txt names)."""
+    return _load_harness_module("jit", "course_jit")
 
 
 ROOT = load_trees().ROOT

@@ -215,7 +215,10 @@ def split_ranges(kernels: list[dict], ranges: list[dict], marker: str) -> list[d
     return out
 
 
-_TIME_SCALE = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# Unit strings as ncu writes them: Nsight Compute 2025.3 with --print-units base writes "ns" (an H100, 2026-11-26);
+# other versions and pages spell them out.
+_TIME_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
+               "second": 1e6}
 _BYTE_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
@@ -223,17 +226,19 @@ def _value(kernel: dict, name: str) -> float | None:
     return kernel["metrics"].get(name)
 
 
-def _scaled(kernel: dict, name: str, scales: dict) -> float | None:
+def _scaled(kernel: dict, name: str, scales: dict, default: float = 1) -> float | None:
+    """The metric in the table's unit; a unit the table does not know (or none) counts as `default`."""
     value = _value(kernel, name)
     if value is None:
         return None
-    return value * scales.get(kernel["units"].get(name, ""), 1)
+    return value * scales.get(kernel["units"].get(name, ""), default)
 
 
 def summarize(kernel: dict) -> dict:
     """What a student reads off one kernel: time, throughput as % of peak, access efficiency, occupancy and its
     limiter, the top stalls, the tensor pipe. Each value None where ncu did not report it."""
-    time_us = _scaled(kernel, "gpu__time_duration.sum", _TIME_SCALE)
+    # --print-units base reports durations in nanoseconds, whatever the unit column calls them.
+    time_us = _scaled(kernel, "gpu__time_duration.sum", _TIME_SCALE, default=1e-3)
     read, written = (_scaled(kernel, n, _BYTE_SCALE) for n in ("dram__bytes_read.sum", "dram__bytes_write.sum"))
     dram_gbps = ((read or 0) + (written or 0)) / (time_us * 1e3) if time_us and read is not None else None
 

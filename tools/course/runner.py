@@ -50,7 +50,9 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
     progress lines (a pool of runs prints its own)."""
     trees.LOGS.mkdir(parents=True, exist_ok=True)
     json_path, log_path = trees.LOGS / f"{label}.json", trees.LOGS / f"{label}.log"
+    timing_path = json_path.with_name(f"{label}.timing.json")  # tests/harness/timing.py writes it
     json_path.unlink(missing_ok=True)
+    timing_path.unlink(missing_ok=True)
     seed = seed if seed is not None else trees.seed()
     command = [*(wrapper or []), python, "-m", "pytest", *map(str, files), "-q", "-p", "no:cacheprovider", "-rN",
                f"--course-json={json_path}", "--tb=short", *(pytest_args or [])]
@@ -58,7 +60,7 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                        **(extra_env or {}))
     if not quiet:
         print(f"[course] {label}: building and testing (impl={impl}, seed={seed}) ...", flush=True)
-    started = time.perf_counter()
+    started, launched_at = time.perf_counter(), time.time()
     hung = False
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=trees.ROOT, env=environment, stdout=subprocess.PIPE,
@@ -72,7 +74,10 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
             now = time.perf_counter()
             if now - started > deadline_s:
                 hung = True
-                process.kill()
+                # The whole process group: a run killed while it builds leaves no ninja or nvcc behind to hold
+                # cores that the other runs of a class need (process.kill() stopped pytest alone).
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 break
             if not verbose and not quiet and now > next_progress:
                 print(f"[course] {label}: still running ({now - started:.0f} s; "
@@ -91,9 +96,19 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         with _RUNNING_LOCK:
             _RUNNING.discard(process)
     seconds = time.perf_counter() - started
+    ended_at = launched_at + seconds
     result = json.loads(json_path.read_text()) if json_path.exists() else {"tests": [], "perf": []}
     result.update(label=label, impl=impl, seed=seed, seconds=seconds, returncode=process.returncode, log=str(log_path))
-    if hung:
+    timing = {}
+    with contextlib.suppress(OSError, ValueError):
+        timing = json.loads(timing_path.read_text())
+    result["phases"] = process_phases(seconds, launched_at, ended_at, timing)
+    result["build_failed"] = bool(timing.get("build_failed"))
+    if hung and timing.get("build_since"):  # the deadline counts the build: a slow build is no hang
+        result["error"] = (f"killed after the {deadline_s} s deadline while it was still building (for "
+                           f"{result['phases']['build']:.0f} s): the deadline counts the build; on a busy machine "
+                           "(grade --all --jobs N) give a larger --deadline")
+    elif hung:
         result["error"] = (f"killed after the {deadline_s} s deadline: a kernel probably hangs (an endless loop, or "
                            "__syncthreads() inside a branch that not every thread of the block takes)"
                            + trees.sanitize_hint(lab_number, impl, looking_for="a barrier in divergent code"))
@@ -105,6 +120,72 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                            "before finishing; its last output:\n"
                            f"{tail.rstrip()}" + (trees.sanitize_hint(lab_number, impl) if crashed else ""))
     return result
+
+
+# ---------------------------------------------------------------- where a class's time goes (issue 19)
+# Each result's "phases": seconds per phase of a submission x lab, summed over its processes.
+#   queued       from the start of the class to its first process (waiting for a slot of the pool)
+#   startup      python, pytest, torch and the test module loaded, in each of its processes
+#   build        harness.build's compiles and imports (a cold build, or ninja finding it up to date)
+#   correctness  the rest of its processes: the shared cases, collection's leftovers, the JSON written
+#   sanitizer    the quick compute-sanitizer pass
+#   perf_wait    from the end of its first run (and sanitizer pass) to its perf run: the GPU not yet free
+#   perf         the perf and large cases (ALONE_MARKERS), their build not counted
+#   total        startup + build + correctness + sanitizer + perf: the time its processes ran, waits not counted
+PHASES = ("queued", "startup", "build", "correctness", "sanitizer", "perf_wait", "perf", "total")
+WORK_PHASES = ("startup", "build", "correctness", "sanitizer", "perf")
+
+
+def process_phases(seconds: float, launched_at: float, ended_at: float, timing: dict) -> dict:
+    """One process's startup, build, correctness and perf seconds (they add up to `seconds`), from the
+    timing file its conftest wrote (tests/harness/timing.py). A build or a perf case still under way when
+    the process ended (killed at its deadline, or dead) counts until then; a process that never finished
+    collecting counts as start-up only."""
+    def since(key: str) -> float:
+        return max(ended_at - timing[key], 0.0) if timing.get(key) else 0.0
+
+    build = timing.get("build_s", 0.0) + since("build_since")
+    perf = timing.get("alone_s", 0.0)
+    if timing.get("alone_since"):
+        perf += since("alone_since") - (build - timing.get("alone_build_s", 0.0))
+    collected = timing.get("collected_at")
+    startup = min(max(collected - launched_at, 0.0), seconds) if collected else seconds
+    build, perf = min(build, seconds - startup), max(perf, 0.0)
+    perf = min(perf, seconds - startup - build)
+    phases = {"startup": startup, "build": build, "correctness": seconds - startup - build - perf, "perf": perf}
+    return {key: round(value, 3) for key, value in phases.items()}
+
+
+def add_phases(*parts: dict) -> dict:
+    """The phases of several processes (or of a job's runs) added, key by key."""
+    total: dict = {}
+    for part in parts:
+        for key, value in (part or {}).items():
+            total[key] = round(total.get(key, 0.0) + value, 3)
+    return total
+
+
+def job_phases(result: dict, *, queued: float, perf_wait: float) -> dict:
+    """A submission x lab's phases (PHASES, in order): its processes' (result["phases"]), its sanitizer pass,
+    the waits the scheduler measured, and the total of the work."""
+    phases = {key: 0.0 for key in PHASES}
+    phases.update(result.get("phases") or {})
+    phases.update(queued=round(queued, 3), perf_wait=round(perf_wait, 3),
+                  sanitizer=round(float(result.get("sanitizer_seconds") or 0.0), 3))
+    phases["total"] = round(sum(phases[key] for key in WORK_PHASES), 3)
+    return {key: phases[key] for key in PHASES}
+
+
+def breakdown(results: list[dict], wall_s: float) -> str:
+    """One line: each phase summed over `results` (their "phases"), the wall time, and the sum of the totals
+    over the wall time (how many runs' worth of work went on at once; about the speed-up over one run
+    after another, were each run as fast alone as beside the others)."""
+    sums = add_phases(*(r.get("phases") for r in results))
+    parts = ", ".join(f"{key.replace('_', ' ')} {sums.get(key, 0.0):.0f} s" for key in PHASES if key != "total")
+    total = sums.get("total", 0.0)
+    ratio = f"{total / wall_s:.2f}x" if wall_s > 0 else "n/a"
+    return (f"time over {len(results)} run(s), summed: {parts}; total {total:.0f} s of work in {wall_s:.0f} s wall "
+            f"= {ratio}")
 
 
 # ---------------------------------------------------------------- a class: many runs at once
@@ -203,6 +284,8 @@ def merge_phases(shared: dict, alone: dict) -> dict:
     merged["labs"] = {**alone.get("labs", {}), **shared.get("labs", {})}
     merged["copy_bandwidth_gbps"] = alone.get("copy_bandwidth_gbps") or shared.get("copy_bandwidth_gbps")
     merged["seconds"] = shared.get("seconds", 0) + alone.get("seconds", 0)
+    merged["phases"] = add_phases(shared.get("phases"), alone.get("phases"))
+    merged["build_failed"] = bool(shared.get("build_failed") or alone.get("build_failed"))
     merged["perf_log"] = alone.get("log")
     codes = (shared.get("returncode"), alone.get("returncode"))
     merged["returncode"] = 1 if 1 in codes else 0 if 0 in codes else 5
@@ -284,7 +367,8 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
        `alone` (a GPU), one run at a time once the pool has drained, so that nothing runs beside a timing;
        without (no GPU: those cases skip), in the pool, right after the job's first run.
     A job whose first run died or hung has no second (a single run would have died too, and reported no
-    test); one whose kernel broke its CUDA context is graded again, whole, in the second phase (in a single
+    test); one whose lab did not build has its second right away, in the pool (no kernel of it runs, so it
+    spoils no timing); one whose kernel broke its CUDA context is graded again, whole, in the second phase (in a single
     run every later test fails with that error, which a fresh process would not show). Every run keeps
     run_pytest's deadline and error handling: a crash or a hang fails its own job only."""
     builds = {} if "MAX_JOBS" in os.environ else {"MAX_JOBS": str(max(1, usable_cores() // max(workers, 1)))}
@@ -301,30 +385,43 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
         return result
 
     def second(job: Job, first: dict, whole: bool, extra_env: dict) -> dict:
+        waited = time.perf_counter() - first_done[job]
         if not whole:
-            return merge_phases(first, run(job, f"{job.label}-perf", ALONE_MARKERS, extra_env))
-        result = run(job, f"{job.label}-whole", None, extra_env)
-        result["label"] = job.label
-        if not result.get("error"):  # the sanitizer pass after the first run stands (a single run's would too)
-            result.update({key: first[key] for key in ("sanitizer", "sanitizer_seconds", "error") if key in first})
+            result = merge_phases(first, run(job, f"{job.label}-perf", ALONE_MARKERS, extra_env))
+        else:
+            result = run(job, f"{job.label}-whole", None, extra_env)
+            result["label"] = job.label
+            result["phases"] = add_phases(first.get("phases"), result.get("phases"))  # both runs' work
+            if not result.get("error"):  # the sanitizer pass after the first run stands (a single run's would too)
+                result.update({key: first[key] for key in ("sanitizer", "sanitizer_seconds", "error") if key in first})
+        result["phases"] = job_phases(result, queued=queued[job], perf_wait=waited)
         return result
 
     def first_phase(job: Job) -> tuple[Job, dict, str | None]:
+        queued[job] = time.perf_counter() - class_started
         progress.started(job)
         result = run(job, job.label, SHARED_MARKERS, builds)
         plan = None if result.get("error") else "whole" if broke_context(result) else "perf"
         if plan and after:
             after(job, result)
+        first_done[job] = time.perf_counter()
         note = ""
-        if plan and not alone:
+        # A lab that did not build runs no kernel: its perf and large cases (they fail on the same build error)
+        # can spoil no timing, so they run now, in the pool, not in the one-at-a-time queue behind the others.
+        if plan and (not alone or (plan == "perf" and result.get("build_failed"))):
             result, plan = second(job, result, plan == "whole", builds), None
         elif plan == "whole":
             note = " (its kernel broke the CUDA context: it is graded again whole, alone, after the others)"
+        if plan is None and "total" not in result["phases"]:  # no second run: it died or hung
+            result["phases"] = job_phases(result, queued=queued[job], perf_wait=0.0)
         progress.ended(job, result, note)
         return job, result, plan
 
     results: dict[Job, dict] = {}
     later: list[tuple[Job, dict, str]] = []
+    class_started = time.perf_counter()
+    queued: dict[Job, float] = {}
+    first_done: dict[Job, float] = {}
     phase = "correctness runs" if alone else "runs"
     progress = _Progress(phase, len(jobs), workers, say)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)

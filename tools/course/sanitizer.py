@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+import env
 import runner
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -18,21 +19,31 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # Not the CUDA-graph check either: without the caching allocator (below) an op cannot allocate
 # inside a graph capture, so that test would fail for a reason unrelated to the kernel.
 _SANITIZE_MARKERS, _SANITIZE_KEYWORDS = "not perf and not large", "not notebook and not current_stream"
-SANITIZE_SELECTION = ["-m", _SANITIZE_MARKERS, "-k", _SANITIZE_KEYWORDS]
+SANITIZE_MARKERS = _SANITIZE_MARKERS
 # initcheck appears not to see writes made by TMA stores (cp.async.bulk.tensor): on an H200 it reported
 # every read of lab 05's wgmma outputs as uninitialized, while the same cases pass with their
 # outputs NaN-poisoned first, so every element was written. Those cases (marker tma_output) run
 # under the other three tools only.
-INITCHECK_SELECTION = ["-m", f"{_SANITIZE_MARKERS} and not tma_output", "-k", _SANITIZE_KEYWORDS]
+INITCHECK_MARKERS = f"{_SANITIZE_MARKERS} and not tma_output"
 # The quick pass `./course grade` runs by default on a GPU: the grader's SANITIZE_CASES (a few small
 # edge cases per kernel, marker `sanitize`) under the three tools that find what a comparison misses:
 # out-of-bounds accesses (memcheck), shared-memory races (racecheck), barriers in divergent code (synccheck).
 QUICK_TOOLS = ("memcheck", "racecheck", "synccheck")
-QUICK_SELECTION = ["-m", f"sanitize and {_SANITIZE_MARKERS}", "-k", _SANITIZE_KEYWORDS]
+QUICK_MARKERS = f"sanitize and {_SANITIZE_MARKERS}"
 # PyTorch's caching allocator carves tensors out of large cudaMalloc'd segments, so an access
 # just past a tensor usually lands inside the segment, where memcheck cannot see it. Without
 # caching every tensor is its own allocation, and memcheck catches an access one element out.
 SANITIZE_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+
+# The tools check the lab's own kernels only (compute-sanitizer --kernel-name regex=...): every __global__ function of
+# the lab's sources (and of the labs it compiles, depends.txt) and every @triton.jit function. PyTorch's kernels run
+# uninstrumented: on an H100 (2026-11-26) racecheck reported hazards inside PyTorch's memory-efficient attention
+# backward (fmha_cutlassB, the grader's float32 reference), and instrumenting the float64 references made lab 08's
+# racecheck pass run past 9 minutes with half its cases done. Not initcheck: it must see every write to know what
+# is initialized, and filtered it took the inputs torch.randn had filled for uninitialized (H100, 2026-11-26: each
+# input snapshot's cudaMemcpy reported).
+_CUDA_KERNEL = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
+_TRITON_KERNEL = re.compile(r"@triton\.jit[^\n]*\n\s*def\s+(\w+)")
 
 # memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
 # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
@@ -57,25 +68,28 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
 
     The tools run at once, each its own process: none of the cases is timed, so they share the GPU harmlessly,
     and the pass takes about as long as its slowest tool instead of the sum (lab 06's quick pass: 24 s against
-    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 10 minutes).
+    14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 8 minutes,
+    memcheck alone past 7).
     The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases); `select`, a pytest
     -k expression, narrows it further (./course sanitize -k)."""
     exclude = None if quick else excluded_cases(test_file)
+    keywords = (_SANITIZE_KEYWORDS + (f" and not ({exclude})" if exclude else "")
+                + (f" and ({select})" if select else ""))
+
+    kernels = lab_kernels(lab_number, impl)
 
     def one_tool(tool: str) -> dict:
         label = f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
+        if kernels and tool != "initcheck":
+            wrapper += ["--kernel-name", "regex=" + "|".join(kernels)]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
-        selection = QUICK_SELECTION if quick else INITCHECK_SELECTION if tool == "initcheck" else SANITIZE_SELECTION
-        if exclude:
-            selection = [*selection[:-1], f"{selection[-1]} and not ({exclude})"]
-        if select:
-            selection = [*selection[:-1], f"{selection[-1]} and ({select})"]
+        markers = QUICK_MARKERS if quick else INITCHECK_MARKERS if tool == "initcheck" else SANITIZE_MARKERS
         # A line a test in the log (the runner's -q prints dots, and a line of dots reaches the log only when it
         # ends), and the slowest tests at the end: lab 08's pass printed nothing at all in 320 s on an H200, and its
         # log could not say whether one test or all of them were slow under the tools.
-        selection = [*selection, "-v", "-v", "--durations=15"]
+        selection = ["-m", markers, "-k", keywords, "-v", "-v", "--durations=15"]
         result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
                             deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
                             quiet=quiet or quick)
@@ -98,6 +112,26 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
         print(f"[course] {label_prefix}sanitize-{lab_number}: {what}, {', '.join(tools)} at once ...", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(tools)) as pool:
         return list(pool.map(one_tool, tools))
+
+
+def lab_kernels(lab_number: str, impl: str) -> list[str]:
+    """The names of the kernels a lab's tree defines: its __global__ functions (templates included) and its
+    @triton.jit functions, with those of the labs it compiles (depends.txt); the sanitizer checks these only.
+    Read from the sources, so a student's extra kernel is checked too. Empty (check everything) if the tree or the
+    lab cannot be found."""
+    trees = env.load_trees()
+    try:
+        folder = trees.find_lab(lab_number).dir_in(trees.resolve_tree(impl))
+        folders = [folder, *env.load_jit().lab_dependencies(folder)] if folder.is_dir() else []
+    except (KeyError, FileNotFoundError):  # no such lab or tree, or a depends.txt naming a missing folder
+        return []
+    names: set[str] = set()
+    for path in (p for f in folders for p in sorted(f.iterdir())):
+        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            names.update(_CUDA_KERNEL.findall(path.read_text(errors="replace")))
+        elif path.suffix == ".py":
+            names.update(_TRITON_KERNEL.findall(path.read_text(errors="replace")))
+    return sorted(names)
 
 
 def excluded_cases(test_file: Path) -> str | None:

@@ -12,6 +12,10 @@ The class: 8 right ones (copies of the solution), 2 untouched skeletons, 2 that 
 submission and the same in both; test_course_grader.py covers it) and --deadline 30. Reported: both wall
 times and their ratio, whether every submission's pass/fail per test is the same, and the perf ratios of the
 right submissions in both runs (the largest relative difference; the bar is 5%).
+
+Where the time goes (issue 19): each run prints, per submission, the phases the class JSON records
+(tools/course/runner.py PHASES: queued, startup, build, correctness, sanitizer, perf_wait, perf, total) and
+the breakdown line (each phase summed, the wall time, the sum of the totals over it); `compare` prints both.
 """
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools" / "course"))
+import runner  # noqa: E402  (tools/course: the phases and the breakdown line ./course grade --all prints)
+
 from harness import mutants, trees  # noqa: E402
 
 LAB = trees.find_lab("00")
@@ -55,6 +62,21 @@ def grade(submissions: Path, jobs: int, out: Path) -> float:
     return seconds
 
 
+def phase_table(report: dict, seconds: float) -> str:
+    """Per submission its phases (runner.PHASES, from the class JSON), how its run ended, then the breakdown
+    line over the class with this script's wall time (which includes ./course's own start and the report)."""
+    keys = runner.PHASES
+    lines = [f"{'student':<10} " + " ".join(f"{key:>11}" for key in keys) + "  error"]
+    for student, results in report.items():
+        for result in results:
+            phases = result.get("phases", {})
+            error = (result.get("error") or "").splitlines()[0][:60] if result.get("error") else ""
+            lines.append(f"{student:<10} " + " ".join(f"{phases.get(key, float('nan')):>11.1f}" for key in keys)
+                         + f"  {error}")
+    lines.append(runner.breakdown([r for results in report.values() for r in results], seconds))
+    return "\n".join(lines)
+
+
 def outcomes(report: dict) -> dict:
     return {student: {t["name"]: t["outcome"] for result in results for t in result["tests"]}
             for student, results in report.items()}
@@ -68,6 +90,8 @@ def perf_ratios(report: dict) -> dict:
 def compare(seq: dict, par: dict) -> dict:
     ratios_seq, ratios_par = perf_ratios(seq["report"]), perf_ratios(par["report"])
     worst = max((abs(ratios_par[k] / ratios_seq[k] - 1) for k in ratios_seq if k in ratios_par), default=None)
+    for name, run in (("sequential", seq), ("jobs", par)):
+        print(f"{name} ({run.get('device')}, --jobs {run['jobs']}):\n{phase_table(run['report'], run['seconds'])}\n")
     return {"seconds": {"sequential": seq["seconds"], "jobs": par["seconds"]}, "jobs": par["jobs"],
             "speedup": seq["seconds"] / par["seconds"],
             "same_outcomes": outcomes(seq["report"]) == outcomes(par["report"]),
@@ -92,6 +116,8 @@ def main() -> None:
               "cpus": os.cpu_count(), "jobs": jobs, "students": len(CLASS), "seconds": seconds,
               "report": json.loads((root / "report.json").read_text())}
     print(f"{len(CLASS)} submissions, --jobs {jobs}: {seconds:.0f} s")
+    print(phase_table(result["report"], seconds), flush=True)
+    result["breakdown"] = runner.breakdown([r for rs in result["report"].values() for r in rs], seconds)
     (out_dir / f"class-{sys.argv[1]}.json").write_text(json.dumps(result, indent=1))
 
 

@@ -1,6 +1,15 @@
 """Lab 06, bfloat16 bias + GELU (erf form), (8192, 8192): variants that cut the instructions per element.
 
-    python3 tools/gpu/probe/lab06_gelu_erf.py [--build-only | --fit | --print-cuda]   (JSON: $OUT/lab06-gelu-erf.json)
+    python3 tools/gpu/probe/lab06_gelu_erf.py [--build-only | --fit | --print-cuda |
+                                               --emulate LO HI [AMP] [fold] [fp16]]
+    (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, tools/gpu/probe/lab06_gelu_fit.md)
+
+Since issue 12's adoption (2026-11-27) the lab's 16-bit erf kernels compute the degree-10 exp2 GELU below
+(gelu_erf_exp2 in solutions/06-fused-elementwise/gelu.cuh), and float32 keeps erff. This probe now takes both
+formulas from the lab's header: "erff" is gelu<kErf, float>, "exp2 d10" is gelu_erf_exp2 (the probe's own copy is
+gone; only d9 is still the probe's); "the lab's kernel" in (2)-(4) is the lab's bf16 kernel, i.e. exp2 d10. The
+text below is the probe as written before the adoption, with "the lab's formula" meaning erff. Its accuracy sweep
+(1) is the table the lesson prints: run it after any change to the lab's GELU.
 
 Why: issue 12 asks >= 0.90x copy forward and backward; the lab's bf16 erf kernels reach 0.81-0.85x / 0.86-0.89x on an
 H100, at 38 / 47 warp instructions per element with the issue slots 76-78% busy (ncu, tools/gpu/NOTES.md). The lab's
@@ -29,7 +38,7 @@ Adoption (forward and backward each): the flash rule passes in (3); in (1), per 
 the correctly rounded value than the lab's formula and a worst float error no larger than the lab's (GELU'; 2x the
 lab's: it cancels near u = -0.75 in any formula, where bf16 steps mean nothing), GELU none off by more than 1 step
 outside u < -5.5 (CPU emulation: exp2 1, the lab 89); vs copy >= 0.90 in the same run. Lab-math variants must equal
-the lab bit for bit.
+the lab bit for bit (since the adoption: the exp2 variants equal the lab's bf16 kernel, rowblock and bitcvt differ).
 """
 from __future__ import annotations
 
@@ -72,15 +81,13 @@ def fit_tail(deg: int, v_max: float = 6.0, floor: float = 1e-4, points: int = 60
 CUDA = r"""
 #include <cuda_bf16.h>
 #include <cstdint>
-#include "gelu.cuh"  // the lab's gelu<kErf> / gelu_grad<kErf>: the reference math, bit for bit
+#include "gelu.cuh"  // the lab's math, bit for bit: gelu<kErf, float> (erff), gelu_erf_exp2 (the 16-bit types')
 
-// exp2 GELU: h = Phi(-|u|) = 2^(kA u^2 + H(min(|u|, kV))), H: fit_tail() in the script; phi(u) = 2^(kA u^2 + kB).
+// The degree-9 exp2 GELU (degree 10, "d10", is the lab's gelu_erf_exp2 / normal_tail in gelu.cuh): h = Phi(-|u|) =
+// 2^(kA u^2 + H(min(|u|, kV))), H: fit_tail(9) in the script; phi(u) = 2^(kA u^2 + kB).
 constexpr float kA = -0.72134752044448170f;  // -log2(e) / 2
 constexpr float kB = -1.32574806473615930f;  // log2(1 / sqrt(2 pi))
 constexpr float kV = 6.0f;
-__device__ __constant__ float kTail10[11] = {
-    -0x1p+0f, -0x1.26aec8p+0f, 0x1.0c6b18p-2f, -0x1.ad9218p-5f, 0x1.c6573ap-8f, 0x1.4e07fap-16f, -0x1.33acd2p-12f,
-    0x1.565206p-14f, -0x1.93ac54p-17f, 0x1.04da34p-20f, -0x1.211cacp-25f};
 __device__ __constant__ float kTail9[10] = {
     -0x1p+0f, -0x1.26aee4p+0f, 0x1.0c700ep-2f, -0x1.ae313ep-5f, 0x1.cff614p-8f, -0x1.1b1854p-13f, -0x1.a144b4p-13f,
     0x1.90bd80p-15f, -0x1.53a89cp-18f, 0x1.ca2066p-23f};
@@ -91,7 +98,8 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 }
 template <int kDeg>
 __device__ __forceinline__ float tail_h(float u, float u2) {  // Phi(-|u|)
-  const float* c = kDeg == 10 ? kTail10 : kTail9;
+  static_assert(kDeg == 9, "degree 10 is the lab's normal_tail");
+  const float* c = kTail9;
   const float v = fminf(fabsf(u), kV);
   float g = c[kDeg];
 #pragma unroll
@@ -108,16 +116,18 @@ __device__ __forceinline__ float gelu_grad_exp2(float u) {  // Phi(u) + u phi(u)
   const float u2 = u * u, h = tail_h<kDeg>(u, u2);
   return fmaf(u, ex2_ftz(fmaf(u2, kA, kB)), u >= 0.0f ? 1.0f - h : h);
 }
-// kMath: 0 the lab's erff forms, 1 exp2 degree 10, 2 exp2 degree 9
+// kMath: 0 the lab's erff forms (its float32 path), 1 exp2 degree 10 (the lab's 16-bit path), 2 exp2 degree 9
 template <int kMath>
 __device__ __forceinline__ float fwd_math(float u) {
-  if constexpr (kMath == 0) return gelu<GeluForm::kErf>(u);
-  else return gelu_exp2<kMath == 1 ? 10 : 9>(u);
+  if constexpr (kMath == 0) return gelu<GeluForm::kErf, float>(u);
+  else if constexpr (kMath == 1) return gelu_erf_exp2(u);
+  else return gelu_exp2<9>(u);
 }
 template <int kMath>
 __device__ __forceinline__ float bwd_math(float u) {
-  if constexpr (kMath == 0) return gelu_grad<GeluForm::kErf>(u);
-  else return gelu_grad_exp2<kMath == 1 ? 10 : 9>(u);
+  if constexpr (kMath == 0) return gelu_grad<GeluForm::kErf, float>(u);
+  else if constexpr (kMath == 1) return gelu_erf_exp2_grad(u);
+  else return gelu_grad_exp2<9>(u);
 }
 
 // 8 bfloat16 <-> 8 floats. kBitCvt: a word's pair by bit operations (low << 16, high & 0xffff0000: one instruction
@@ -285,7 +295,8 @@ __global__ void __launch_bounds__(256) sweep_kernel(unsigned long long* out) {
       vs_lab[k][0] += d != 0;
       vs_lab[k][1] = max(vs_lab[k][1], d);
     }
-    const float h = tail_h<10>(u, u * u), cdf[2] = {0.5f * (1.0f + erff(u * 0.70710678118654752f)), u >= 0 ? 1 - h : h};
+    const float h = normal_tail(u, u * u);
+    const float cdf[2] = {0.5f * (1.0f + erff(u * 0.70710678118654752f)), u >= 0 ? 1 - h : h};
     for (int k = 0; k < 2; ++k) phi_err[k][r] = max(phi_err[k][r], __float_as_uint(float(fabs(double(cdf[k]) - Phi))));
   }
   for (int f = 0; f < 18; ++f) {
@@ -374,8 +385,146 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sweep", &sweep);
 }
 """
+
+# ---- CPU emulation (`--emulate`, no GPU): tools/gpu/probe/lab06_gelu_fit.md. Every float32 operation of the
+# exp2 formulas and of the lab's erf form (transcribed from nvcc 13.0 -O3 sm_90a PTX of gelu<kErf> / gelu_grad<kErf>,
+# erff inlined) in float64 holding float32 values: products of two float32 are exact in float64; an FMA's sum is
+# rounded once to float64 and then to float32, and the one case where that double rounding can differ from fmaf (the
+# float64 sum exactly halfway between two float32) is redone with the exact TwoSum error. ex2.approx is modelled as
+# the correctly rounded 2^x plus a relative error uniform in +-amp ulp (a hash of x), 2^k exact for integer k, .ftz.
+def emulate(lo: int, hi: int, tail=None, amp: float = 0.0, fold: bool = False, chunk: int = 1 << 22,
+            half: bool = False):
+    """Counts over the float32 bit patterns [lo, hi): {formula region: [off, worst steps, worst |float - float64|]}
+    for the exp2 GELU / GELU' with coefficients `tail` (fold: c0 = -1 moved into the final FMA, y = fma(-|u|/2, 2h,
+    max(u, 0)), one FMUL more) and the lab's erf form; steps of bfloat16, or of float16 with half (numpy's
+    float32 -> float16 and float64 -> float16 conversions both round to nearest even, once)."""
+    import numpy as np
+    f32, f64 = np.float32, np.float64
+    r = lambda x: x.astype(f32).astype(f64)  # noqa: E731
+
+    def fma(a, b, c):
+        p = np.asarray(a, f64) * b
+        s = p + c
+        out = s.astype(f32)
+        mid = np.nonzero((s.view(np.int64) & 0x1FFFFFFF) == 0x10000000)[0]
+        if mid.size:
+            pp, cc, ss = np.broadcast_to(p, s.shape)[mid], np.broadcast_to(c, s.shape)[mid], s[mid]
+            bb = ss - pp
+            e = (pp - (ss - bb)) + (cc - bb)
+            k = e != 0
+            out[mid[k]] = np.nextafter(ss[k], np.where(e[k] > 0, np.inf, -np.inf)).astype(f32)
+        tiny = np.abs(s) < 2.0 ** -126  # float32-subnormal results: the sum is exact here (c = 0 or cancellation)
+        out[tiny] = s[tiny].astype(f32)
+        return out.astype(f64)
+
+    def ex2(x, ftz=True):
+        y64 = np.exp2(x)
+        y = y64.astype(f32)
+        if amp:
+            h = x.astype(f32).view(np.uint32).astype(np.uint64) * np.uint64(2654435761)
+            h = (h >> np.uint64(7)) & np.uint64(0xFFFF)
+            y = (y64 + amp * (h.astype(f64) / 65535.0 * 2 - 1) * np.spacing(y).astype(f64)).astype(f32)
+        y = y.astype(f64)
+        k = x == np.round(x)
+        y[k] = y64[k]
+        if ftz:
+            y[y < 2.0 ** -126] = 0.0
+        return y
+
+    def exp2_both(u, c):
+        c = [float(np.float32(x)) for x in c]
+        if fold:
+            c[0] = 0.0
+        u2, v = r(u * u), np.minimum(np.abs(u), 6.0)
+        g = np.full_like(u, c[-1])
+        for k in range(len(c) - 2, -1, -1):
+            g = fma(g, v, c[k])
+        h = ex2(fma(u2, float(f32(-0.72134752044448170)), g))
+        y = fma(-r(np.minimum(np.abs(u), 3.0e38) * 0.5), h, np.maximum(u, 0.0)) if fold else \
+            fma(-np.minimum(np.abs(u), 3.0e38), h, np.maximum(u, 0.0))
+        if fold:
+            h = h * 0.5
+        t = np.where(u >= 0, r(1.0 - h), h)
+        return y, fma(u, ex2(fma(u2, float(f32(-0.72134752044448170)), float(f32(-1.32574806473615930)))), t)
+
+    bits = lambda x: float(np.uint32(x).view(f32))  # noqa: E731
+    big_c = [bits(x) for x in (0x38EB4C3A, 0xBAAE005B, 0x3C09919F, 0xBD24D99A, 0x3E235519, 0x3F69B4F9, 0x3F210A14)]
+    small_c = [bits(x) for x in (0x38B1E96A, 0xBA574D20, 0x3BAAD5EA, 0xBCDC1BE7, 0x3DE718AF, 0xBEC093AC, 0x3E0375D3)]
+
+    def lab_both(u):
+        t = r(u * bits(0x3F3504F3))
+        a = np.abs(t)
+        big = a >= bits(0x3F8060FE)
+        x = np.where(big, a, r(t * t))
+        p = np.where(big, big_c[0], small_c[0])
+        for k in range(1, 7):
+            p = fma(p, x, np.where(big, big_c[k], small_c[k]))
+        s = np.where(big, -a, t)
+        e = fma(p, s, s)
+        e[big] = np.copysign(r(1.0 - ex2(e[big])), t[big])
+        p1 = r(e + 1.0)
+        dens = r(ex2(r(r(u * r(u * -0.5)) * bits(0x3FB8AA3B)), ftz=False) * bits(0x3ECC422A))
+        return r(r(u * 0.5) * p1), fma(p1, 0.5, r(u * dens))
+
+    def bf16(f):  # float32 bits, round to nearest even
+        if half:
+            return f.astype(f32).astype(np.float16).view(np.uint16)
+        b = f.astype(f32).view(np.uint32)
+        return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+
+    def bf16_64(d):  # correctly rounded: toward zero to float32 with a sticky bit, then to nearest even
+        if half:
+            return d.astype(np.float16).view(np.uint16)
+        b = d.astype(f32).view(np.uint32).copy()
+        b[np.abs(b.view(f32).astype(f64)) > np.abs(d)] -= np.uint32(1)
+        b[b.view(f32).astype(f64) != d] |= np.uint32(1)
+        return bf16(b.view(f32))
+
+    def ordinal(b):
+        b = b.astype(np.int64)
+        return np.where(b & 0x8000, -(b & 0x7FFF), b)
+
+    acc: dict = {}
+    for start in range(lo, hi, chunk):
+        u = np.arange(start, min(hi, start + chunk), dtype=np.uint64).astype(np.uint32).view(f32).astype(f64)
+        u = u[np.isfinite(u)]
+        phi = 0.5 * torch.special.erfc(torch.from_numpy(-u * 0.70710678118654752440)).numpy()
+        want = (u * phi, phi + u * np.exp(-0.5 * u * u) * 0.39894228040143267794)
+        region = np.where(u >= 0, 0, np.where(u >= -5.5, 1, 2))
+        for name, got in (("lab", lab_both(u)), ("exp2", exp2_both(u, tail) if tail is not None else None)):
+            if got is None:
+                continue
+            for f, g, w in zip(("gelu", "gelu'"), got, want):
+                steps, err = np.abs(ordinal(bf16(g)) - ordinal(bf16_64(w))), np.abs(g - w)
+                for k in range(3):
+                    m = region == k
+                    if m.any():
+                        cell = acc.setdefault(f"{name} {f} {REGIONS[k]}", [0, 0, 0.0])
+                        cell[0] += int((steps[m] != 0).sum())
+                        cell[1] = max(cell[1], int(steps[m].max()))
+                        cell[2] = max(cell[2], float(err[m].max()))
+    return acc
+
+
 if "--print-cuda" in sys.argv:
     sys.exit(print(CUDA))
+def lab_tail10() -> list[float]:
+    """c0..c10 of the lab's normal_tail (gelu.cuh: Horner's rule from c10 down), the single source of them."""
+    import re
+    text = (LAB_DIR / "gelu.cuh").read_text()
+    body = text[text.index("float normal_tail("):]
+    body = body[:body.index("return ex2_approx")]
+    coef = [float.fromhex(x) for x in re.findall(r"(-?0x[0-9a-f.]+p[+-]\d+)f", body)]
+    assert len(coef) == 11, coef
+    return coef[::-1]
+
+
+if "--emulate" in sys.argv:  # --emulate LO HI [AMP] [fold] [fp16]: bit patterns as hex, the lab's coefficients
+    args = sys.argv[sys.argv.index("--emulate") + 1:]
+    amp = float(args[2]) if len(args) > 2 and args[2] not in ("fold", "fp16") else 0.0
+    print(json.dumps(emulate(int(args[0], 16), int(args[1], 16), lab_tail10(), amp, "fold" in args,
+                             half="fp16" in args)))
+    sys.exit(0)
 if "--fit" in sys.argv:
     for deg in (10, 9):
         coef, err = fit_tail(deg)
@@ -401,16 +550,18 @@ as_float = lambda bits: struct.unpack("<f", struct.pack("<I", int(bits)))[0]  # 
 sw = mod.sweep(torch.cuda.get_device_properties(0).multi_processor_count * 8).cpu().tolist()
 print(f"{out['device']}: {sw[68]} finite float32 u: bf16 results off the correctly rounded float64 / worst steps / "
       "worst float error")
-for f, name in enumerate(("gelu lab", "gelu exp2 d10", "gelu exp2 d9", "gelu' lab", "gelu' exp2 d10", "gelu' exp2 d9")):
+for f, name in enumerate(("gelu erff", "gelu exp2 d10", "gelu exp2 d9", "gelu' erff", "gelu' exp2 d10",
+                          "gelu' exp2 d9")):
     cells = [sw[(f * 3 + r) * 3: (f * 3 + r) * 3 + 3] for r in range(3)]
     out["sweep"] += [{"formula": name, "region": reg, "off": n, "worst_steps": d, "worst_abs_error": as_float(e)}
                      for reg, (n, d, e) in zip(REGIONS, cells)]
     print(f"  {name:<15}" + " |".join(f" {reg} {n:>9} {d:>4} {as_float(e):.1e}"
                                       for reg, (n, d, e) in zip(REGIONS, cells)))
 for k, name in enumerate(("gelu exp2 d10", "gelu exp2 d9", "gelu' exp2 d10", "gelu' exp2 d9")):
-    out["sweep"].append({"formula": name, "vs": "lab formula", "differ": sw[54 + 2 * k], "worst_steps": sw[55 + 2 * k]})
-    print(f"  {name:<15} differs from the lab's formula at {sw[54 + 2 * k]} inputs, worst {sw[55 + 2 * k]} steps")
-for k, name in enumerate(("lab 0.5 (1 + erff)", "exp2 d10 cdf")):
+    out["sweep"].append({"formula": name, "vs": "erff formula", "differ": sw[54 + 2 * k],
+                         "worst_steps": sw[55 + 2 * k]})
+    print(f"  {name:<15} differs from the erff formula at {sw[54 + 2 * k]} inputs, worst {sw[55 + 2 * k]} steps")
+for k, name in enumerate(("erff 0.5 (1 + erff)", "exp2 d10 cdf")):
     errs = [as_float(sw[62 + 3 * k + r]) for r in range(3)]
     out[f"phi_abs_error {name}"] = dict(zip(REGIONS, errs))
     print(f"  |Phi - Phi64| {name:<19}" + "".join(f" {reg} {e:.2e} ({e / 2**-24:.2f} x 2^-24)"

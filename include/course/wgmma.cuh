@@ -1,11 +1,10 @@
-// Lab skeleton generated from solutions/05-tensor-cores/wgmma.cuh by `./course labs` [lab-hash 5d2ec563aafd].
-// Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
-// Instructors: edit the solution file instead, then run `./course labs`.
 // Hopper's (sm_90a) tensor-core data path, one PTX instruction per function: the tensor memory
 // accelerator (TMA) copies tiles global -> shared and signals an mbarrier; wgmma multiplies
-// tiles straight out of shared memory. Used by linear_act_wgmma.cu, the reference's Hopper path
-// (lesson 05, section 10). Every function compiles only where COURSE_WGMMA is defined: the
-// sm_90a pass of nvcc (TORCH_CUDA_ARCH_LIST=9.0a); other passes see none of it.
+// tiles straight out of shared memory. Used by lab 05's linear_act_wgmma.cu, the reference's Hopper
+// path (lesson 05, section 10), and by lab 08's Hopper forward (with its hopper_attention.cuh). It
+// lives in include/, not in lab 05's folder, so that a build without lab 05 beside it (lab 09
+// compiles labs 06-08 only) still finds it. Every function compiles only where COURSE_WGMMA is
+// defined: the sm_90a pass of nvcc (TORCH_CUDA_ARCH_LIST=9.0a); other passes see none of it.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap: a 128-byte descriptor of a tensor in global memory

@@ -1,0 +1,73 @@
+"""Where a grading process's time goes, for `./course grade --all` (issue 19): its start-up, its builds and
+its perf and large cases, written as they happen to a small JSON file beside the process's --course-json.
+
+The file is rewritten at each step, not only at the end, so that a process killed at its deadline or dead
+from a crash still says what it was doing then (e.g. 25 of its 30 s spent building). The parent
+(tools/course/runner.py, process_phases) turns it into the result's phase times. Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+# Epoch seconds (time.time()): the parent's clock and the child's are the same machine's.
+STATE: dict = {
+    "collected_at": None,  # pytest finished collecting: python, pytest, torch and the test module are loaded
+    "build_s": 0.0,  # seconds in harness.build's compiles and imports that ended
+    "build_since": None,  # a build under way since then
+    "build_failed": False,  # a build of this process raised: the lab did not compile or import
+    "alone_s": 0.0,  # seconds in the perf and large cases that ended, their builds not counted
+    "alone_since": None,  # a perf or large case under way since then...
+    "alone_build_s": 0.0,  # ...when build_s was this (a build inside it is build time, not the case's)
+}
+_path: list[Path] = []
+
+
+def suffix_for(json_path: str | Path) -> Path:
+    """The timing file of a process whose --course-json is `json_path`: LABEL.json -> LABEL.timing.json."""
+    json_path = Path(json_path)
+    return json_path.with_name(json_path.name.removesuffix(".json") + ".timing.json")
+
+
+def record_to(json_path: str | Path | None) -> None:
+    """Write the timing file beside `json_path` from now on (None: record in memory only)."""
+    _path.clear()
+    if json_path:
+        _path.append(suffix_for(json_path))
+        _write()
+
+
+def _write() -> None:
+    if _path:
+        _path[0].write_text(json.dumps(STATE))
+
+
+def collected() -> None:
+    STATE["collected_at"] = time.time()
+    _write()
+
+
+def build_started() -> None:
+    STATE["build_since"] = time.time()
+    _write()
+
+
+def build_ended(failed: bool) -> None:
+    if STATE["build_since"] is not None:
+        STATE["build_s"] += time.time() - STATE["build_since"]
+    STATE["build_since"] = None
+    STATE["build_failed"] = STATE["build_failed"] or failed
+    _write()
+
+
+def alone_started() -> None:
+    STATE["alone_since"], STATE["alone_build_s"] = time.time(), STATE["build_s"]
+    _write()
+
+
+def alone_ended() -> None:
+    if STATE["alone_since"] is not None:
+        STATE["alone_s"] += time.time() - STATE["alone_since"] - (STATE["build_s"] - STATE["alone_build_s"])
+    STATE["alone_since"] = None
+    _write()
