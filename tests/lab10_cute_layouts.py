@@ -1,6 +1,6 @@
 """Lesson 10's CuTe reading: CuTe's layouts against lesson 05's hand derivation, element by element. No GPU.
 
-solutions/10-cutlass/cute_layouts.cpp builds, with CuTe's own layout algebra (the headers of the pinned
+solutions/10-cutlass/cute/cute_layouts.cpp builds, with CuTe's own layout algebra (the headers of the pinned
 nvidia-cutlass wheel, tools/course/cutlass.py), lesson 05's shared-memory swizzles, the thread-value layouts of
 the mma.sync.m16n8k16 bf16 atom (SM80_16x8x16_F32BF16BF16F32_TN) and ldmatrix.x4 retiled to them
 (make_tiled_copy_A/B), and prints every element with `--dump`. This file computes the same maps the way
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "solutions" / "10-cutlass" / "cute_layouts.cpp"
+SOURCE = ROOT / "solutions" / "10-cutlass" / "cute" / "cute_layouts.cpp"
 LESSON05 = ROOT / "solutions" / "05-tensor-cores"
 BUILD = ROOT / "build" / "cute"
 

@@ -12,8 +12,8 @@
 //    GemmUniversalAdapter, which also checks the problem (can_implement) and sizes the workspace.
 // Built for sm_90a only (nvcc -arch=sm_90a; TORCH_CUDA_ARCH_LIST=9.0a): on any other target CUTLASS compiles
 // the kernel's body away, and gemm_bias_gelu_sm90_available() says false.
-// STATUS (2026-11-25): compiles for sm_90a with the pinned nvidia-cutlass 4.2.0.0 and nvcc 13.0; never run
-// (written on a machine without a GPU). See NOTES.md.
+// STATUS (2026-11-26): compiles for sm_90a with the pinned nvidia-cutlass 4.2.0.0 and nvcc 13.0; never run
+// (written on a machine without a GPU). See tools/gpu/lab10-cutlass-NOTES.md.
 // CUTLASS's device-side assert()s (e.g. `k_tile_count >= 1` in the sm90 mainloop) are a function call
 // (__assertfail) inside the wgmma pipeline: ptxas then serializes every wgmma (warning C7510, "wgmma pipeline
 // crossing function boundary"). torch's JIT build does not define NDEBUG, so this file does, before any
@@ -63,10 +63,20 @@ constexpr int kAlignment = 128 / cutlass::sizeof_bits<cutlass::bfloat16_t>::valu
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
 // ---------------------------------------------------------------- the shapes (the lesson's tuning knobs)
-// 128 x 256 output tile, k-slice 64 (one 128-byte swizzle row of bf16), as lesson 05's Hopper path; a cluster
-// of 2 blocks along M shares each weight tile through TMA multicast.
+// The cooperative schedule splits a tile's M between two consumer warpgroups, so tile M is 128 or more; a
+// k-slice of 64 bf16 is one 128-byte swizzle row (cute_layouts.cpp's Layout_K_SW128_Atom).
+// SOLUTION BEGIN lab10.2: the output tile (M x N x K) and the cluster (blocks along M x N x 1), with your reason
+//   in a comment. The given 128 x 128 x 64 tile and 1 x 1 cluster are correct, and slower than they need be.
+// 128 x 256 output tile, k-slice 64, as lesson 05's Hopper path: per k-slice a block loads (128 + 256) x 64
+// elements for 128 x 256 x 64 multiply-adds, 85 per element loaded against 64 for a 128 x 128 tile. A cluster
+// of 2 blocks along M shares each weight tile through TMA multicast, halving the weight's loads from L2.
+// (A guess modelled on lesson 05's Hopper path, not yet measured against other shapes: NOTES.)
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
+// SOLUTION STUB
+// using TileShape = Shape<_128, _128, _64>;
+// using ClusterShape = Shape<_1, _1, _1>;
+// SOLUTION END
 using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 
@@ -99,11 +109,21 @@ struct CourseGelu<cutlass::Array<T, N>> {
 };
 
 namespace fusion = cutlass::epilogue::fusion;
+// --8<-- [start:evt]
+// SOLUTION BEGIN lab10.1: the epilogue visitor tree BiasGelu = Gelu(Plus(AccFetch, RowBroadcast(bias))): nodes
+//   are fusion::Sm90EVT<parent, children...>; Sm90Compute<Fn, ElementOutput, ElementCompute, kRound> applies Fn;
+//   the bias is a row vector (stride 0 along M). Its arguments are filled in make_arguments (lab10.1 too).
 // bias[n]: a row vector (stride 0 along M, 1 along N, 0 along the batch), read once per tile into shared memory.
 using Bias = fusion::Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, Stride<_0, _1, _0>, kAlignment>;
 using AddBias = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, ElementCompute, ElementCompute, kRound>,
                                 fusion::Sm90AccFetch, Bias>;
 using BiasGelu = fusion::Sm90EVT<fusion::Sm90Compute<CourseGelu, ElementD, ElementCompute, kRound>, AddBias>;
+// SOLUTION STUB
+// // out = acc: the accumulator, rounded to bf16, with no bias and no GELU.
+// using BiasGelu = fusion::Sm90EVT<
+// fusion::Sm90Compute<cutlass::epilogue::thread::Identity, ElementD, ElementCompute, kRound>, fusion::Sm90AccFetch>;
+// SOLUTION END
+// --8<-- [end:evt]
 
 // ---------------------------------------------------------------- the kernel, assembled
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -121,6 +141,8 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,  // M, N, K, batch
                                                         CollectiveMainloop, CollectiveEpilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+// course: library kernel device_kernel (GemmUniversalAdapter launches cutlass::device_kernel<GemmKernel>: the
+// name ./course sanitize checks, tools/course/sanitizer.py)
 
 // 1 in the image nvcc built for sm_90a, 0 in every other (as lesson 05's built_with_wgmma).
 __device__ int built_for_sm90a =
@@ -146,6 +168,8 @@ typename Gemm::Arguments make_arguments(const void* x, const void* weight, const
        static_cast<ElementD*>(out),
        stride_d}};
   // Each node's arguments: {first child's, ..., last child's, the node's own}.
+  // --8<-- [start:evt_arguments]
+  // SOLUTION BEGIN lab10.1: the arguments of BiasGelu, nested as its nodes are (only the bias has any)
   arguments.epilogue.thread = {
       // Gelu(...)
       {
@@ -156,6 +180,11 @@ typename Gemm::Arguments make_arguments(const void* x, const void* weight, const
       },
       {}  // CourseGelu
   };
+  // SOLUTION STUB
+  // arguments.epilogue.thread = {{}, {}};  // {AccFetch's, Identity's}
+  // (void)bias;
+  // SOLUTION END
+  // --8<-- [end:evt_arguments]
   arguments.hw_info.device_id = course::current_device();
   arguments.hw_info.sm_count = course::device_attribute(cudaDevAttrMultiProcessorCount);
   return arguments;
