@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/10-cutlass/wrapper.cpp by `./course labs` [lab-hash 0675f6615b3e].
+// Lab skeleton generated from solutions/10-cutlass/wrapper.cpp by `./course labs` [lab-hash 46129b9eb4cc].
 // Students: fill in the TODO(lab10.k) blocks, then run `./course grade 10`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 10's host wrapper: lesson 05's checks and conventions (the current stream, errors that say what to do),
@@ -8,6 +8,7 @@
 // (SIGSEGV in c10::str) on the GPU box's g++ 13 build.
 #include <course/cuda.cuh>
 #include <course/torch_op.h>
+#include <ATen/ops/gelu.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>

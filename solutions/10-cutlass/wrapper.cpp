@@ -5,6 +5,7 @@
 // (SIGSEGV in c10::str) on the GPU box's g++ 13 build.
 #include <course/cuda.cuh>
 #include <course/torch_op.h>
+#include <ATen/ops/gelu.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
