@@ -110,7 +110,7 @@ def skip_without_sm90a():
 @harness.tasks(harness.ALL)  # a TODO that does not compile fails the whole lab
 def test_builds():
     """The lab compiles (CUTLASS's headers from the pinned package) and imports: on every machine, GPU or not."""
-    for name in ("gemm_bias_gelu", "available", "config", "workspace_bytes", "constants"):
+    for name in ("gemm_bias_gelu", "available", "config", "epilogue_tree", "workspace_bytes", "constants"):
         assert hasattr(LAB.module, name), f"the lab module has no function {name!r}"
 
 
@@ -133,6 +133,21 @@ def test_shapes_are_ones_the_cooperative_kernel_takes():
     if c["stages"] < 2:
         problems.append(f"{c['stages']} pipeline stage(s): the tile is too large for shared memory to double-buffer")
     assert not problems, "; ".join(problems) + f" (config: {c})"
+
+
+# The nodes BiasGelu must contain, as they appear in its demangled C++ type, and what each is.
+EVT_NODES = {"Sm90AccFetch": "the accumulator", "Sm90RowBroadcast": "the bias, broadcast as a row vector",
+             "cutlass::plus": "the addition", "CourseGelu": "lesson 05's GELU"}
+
+
+@harness.tasks("lab10.1")
+def test_epilogue_tree_has_its_nodes():
+    """The EVT's type names its nodes: read here without a GPU (the values are checked on one)."""
+    tree = LAB.module.epilogue_tree()
+    missing = [f"{node} ({what})" for node, what in EVT_NODES.items() if node not in tree]
+    if missing:
+        raise harness.GradeFailure(f"the epilogue visitor tree BiasGelu has no {', no '.join(missing)}; its type is "
+                                   f"{tree[:400]}\n  hint: {HINT}")
 
 
 @harness.reference_check  # the wrapper's checks are given

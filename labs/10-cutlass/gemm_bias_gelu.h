@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/10-cutlass/gemm_bias_gelu.h by `./course labs` [lab-hash 9f82643f5080].
+// Lab skeleton generated from solutions/10-cutlass/gemm_bias_gelu.h by `./course labs` [lab-hash 108bb49bea63].
 // Students: fill in the TODO(lab10.k) blocks, then run `./course grade 10`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lesson 10's launchers: plain pointers, sizes, a workspace and a stream, no torch types, so the CUTLASS
@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 // out[M, N] = gelu_tanh(x[M, K] @ weight[N, K]^T + bias[N]), all bfloat16, fp32 accumulation: lesson 05's
 // linear_act(..., "gelu") through CUTLASS 3.x (sm_90: TMA + wgmma, warp-specialized, persistent; the bias and
@@ -26,3 +27,5 @@ struct CutlassConfig {
   int tile_m, tile_n, tile_k, cluster_m, cluster_n, stages;
 };
 CutlassConfig gemm_bias_gelu_sm90_config();
+// The epilogue visitor tree's C++ type, demangled: the grader reads its nodes without a GPU.
+std::string gemm_bias_gelu_sm90_epilogue();

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 // out[M, N] = gelu_tanh(x[M, K] @ weight[N, K]^T + bias[N]), all bfloat16, fp32 accumulation: lesson 05's
 // linear_act(..., "gelu") through CUTLASS 3.x (sm_90: TMA + wgmma, warp-specialized, persistent; the bias and
@@ -23,3 +24,5 @@ struct CutlassConfig {
   int tile_m, tile_n, tile_k, cluster_m, cluster_n, stages;
 };
 CutlassConfig gemm_bias_gelu_sm90_config();
+// The epilogue visitor tree's C++ type, demangled: the grader reads its nodes without a GPU.
+std::string gemm_bias_gelu_sm90_epilogue();

@@ -37,7 +37,11 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/util/packed_stride.hpp>
 
+#include <cxxabi.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <typeinfo>
 #include <stdexcept>
 #include <string>
 
@@ -211,6 +215,14 @@ bool gemm_bias_gelu_sm90_available() {
 
 size_t gemm_bias_gelu_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K) {
   return Gemm::get_workspace_size(make_arguments(nullptr, nullptr, nullptr, nullptr, M, N, K));
+}
+
+std::string gemm_bias_gelu_sm90_epilogue() {
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(BiasGelu).name(), nullptr, nullptr, &status);
+  const std::string result = status == 0 && name != nullptr ? name : typeid(BiasGelu).name();
+  std::free(name);
+  return result;
 }
 
 CutlassConfig gemm_bias_gelu_sm90_config() {

@@ -115,6 +115,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                               pybind11::arg("cluster_n") = c.cluster_n, pybind11::arg("stages") = c.stages);
       },
       "the tile and cluster shapes compiled in, and the pipeline stages CUTLASS chose for them");
+  m.def(
+      "epilogue_tree", [] { return gemm_bias_gelu_sm90_epilogue(); },
+      "the C++ type of the epilogue visitor tree, demangled: its nodes, nested");
   m.def("workspace_bytes", &gemm_bias_gelu_sm90_workspace_bytes,
         "the bytes of workspace CUTLASS's tile scheduler asks for at this problem size", pybind11::arg("M"),
         pybind11::arg("N"), pybind11::arg("K"));
