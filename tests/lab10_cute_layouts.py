@@ -108,7 +108,7 @@ QUOTES = {
         "// TMA's 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).",
         "uint8_t* destination = my_staging + box * kStoreBoxBytes + row * kSwizzleBytes +",
         "(box_chunk ^ (row % 8)) * 16 + col_in_chunk * kElementBytes;"]),
-    "gmma_descriptor": (LESSON05 / "wgmma.cuh", [
+    "gmma_descriptor": (ROOT / "include" / "course" / "wgmma.cuh", [
         "// swizzle: rows of 64 two-byte elements (128 B), 8-row groups 1024 B apart (the stride",
         "constexpr uint64_t kLeadingBytes = 16, kStrideBytes = 1024, kSwizzle128 = 1;"]),
     "fragment_table": (ROOT / "lessons" / "05-tensor-cores.md", [
