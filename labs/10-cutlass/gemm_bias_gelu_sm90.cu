@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/10-cutlass/gemm_bias_gelu_sm90.cu by `./course labs` [lab-hash e2d1ed2b52dd].
+// Lab skeleton generated from solutions/10-cutlass/gemm_bias_gelu_sm90.cu by `./course labs` [lab-hash 4b2f4fd722cb].
 // Students: fill in the TODO(lab10.k) blocks, then run `./course grade 10`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lesson 10: lesson 05's out = gelu(x @ weight^T + bias) through CUTLASS 3.x on Hopper (sm_90a).
@@ -202,8 +202,13 @@ std::string gemm_bias_gelu_sm90_epilogue() {
 }
 
 CutlassConfig gemm_bias_gelu_sm90_config() {
-  return {size<0>(TileShape{}),    size<1>(TileShape{}),    size<2>(TileShape{}),
-          size<0>(ClusterShape{}), size<1>(ClusterShape{}), CollectiveMainloop::DispatchPolicy::Stages};
+  return {size<0>(TileShape{}),
+          size<1>(TileShape{}),
+          size<2>(TileShape{}),
+          size<0>(ClusterShape{}),
+          size<1>(ClusterShape{}),
+          CollectiveMainloop::DispatchPolicy::Stages,
+          static_cast<int>(GemmKernel::SharedStorageSize)};
 }
 
 void launch_gemm_bias_gelu_sm90(const void* x, const void* weight, const void* bias, void* out, int64_t M, int64_t N,
@@ -226,8 +231,17 @@ void launch_gemm_bias_gelu_sm90(const void* x, const void* weight, const void* b
     throw std::runtime_error("gemm_bias_gelu_sm90: workspace smaller than gemm_bias_gelu_sm90_workspace_bytes()");
   }
   Gemm gemm;
-  check(gemm.can_implement(arguments), "can_implement (K and N multiples of 8? pointers 16-byte aligned?)");
-  check(gemm.initialize(arguments, workspace, stream), "initialize");
-  check(gemm.run(stream), "run");
+  check(gemm.can_implement(arguments), "can_implement (TMA alignment: K and N multiples of 8?)");
+  // initialize() fails when cudaFuncSetAttribute refuses the kernel's shared memory (CUTLASS clears the CUDA error
+  // and returns kErrorInternal): say how much it asked for. run() likewise consumes the launch's CUDA error; a
+  // cluster launch that fails also prints "[ ERROR: CUDA Runtime ] ... cluster_launch.hpp" on stderr.
+  const cutlass::Status initialized = gemm.initialize(arguments, workspace, stream);
+  if (initialized != cutlass::Status::kSuccess) {
+    const std::string what = "initialize (the kernel asks for " + std::to_string(GemmKernel::SharedStorageSize) +
+                             " bytes of shared memory; this GPU allows " +
+                             std::to_string(course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) + ")";
+    check(initialized, what.c_str());
+  }
+  check(gemm.run(stream), "run (the kernel's launch)");
   COURSE_CHECK_LAUNCH();
 }

@@ -19,9 +19,10 @@ void launch_gemm_bias_gelu_sm90(const void* x, const void* weight, const void* b
 size_t gemm_bias_gelu_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K);
 bool gemm_bias_gelu_sm90_available();
 
-// The tile and cluster shapes compiled in, for the page and the grader's messages.
+// The tile and cluster shapes compiled in, for the page and the grader's messages; shared_bytes is the kernel's
+// dynamic shared memory (the mainloop's stages plus the epilogue's), what GemmUniversalAdapter::initialize asks for.
 struct CutlassConfig {
-  int tile_m, tile_n, tile_k, cluster_m, cluster_n, stages;
+  int tile_m, tile_n, tile_k, cluster_m, cluster_n, stages, shared_bytes;
 };
 CutlassConfig gemm_bias_gelu_sm90_config();
 // The epilogue visitor tree's C++ type, demangled: the grader reads its nodes without a GPU.

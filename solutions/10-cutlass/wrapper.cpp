@@ -115,9 +115,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         const CutlassConfig c = gemm_bias_gelu_sm90_config();
         return pybind11::dict(pybind11::arg("tile_m") = c.tile_m, pybind11::arg("tile_n") = c.tile_n,
                               pybind11::arg("tile_k") = c.tile_k, pybind11::arg("cluster_m") = c.cluster_m,
-                              pybind11::arg("cluster_n") = c.cluster_n, pybind11::arg("stages") = c.stages);
+                              pybind11::arg("cluster_n") = c.cluster_n, pybind11::arg("stages") = c.stages,
+                              pybind11::arg("shared_bytes") = c.shared_bytes);
       },
-      "the tile and cluster shapes compiled in, and the pipeline stages CUTLASS chose for them");
+      "the tile and cluster shapes compiled in, the pipeline stages CUTLASS chose for them and the kernel's shared "
+      "memory in bytes");
   m.def(
       "epilogue_tree", [] { return gemm_bias_gelu_sm90_epilogue(); },
       "the C++ type of the epilogue visitor tree, demangled: its nodes, nested");
