@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    register_shard(config)
     for lab in trees.all_labs():
         config.addinivalue_line("markers", f"{lab.marker}: tests of lab {lab.name}")
     config.addinivalue_line("markers", "perf: timing against the PyTorch baseline (needs a GPU)")
@@ -73,6 +75,36 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.sanitize)
             if lab.name not in _points:
                 _points[lab.name] = dict(getattr(item.module, "POINTS", {}))
+
+
+# A slice of the selected tests, trees.SHARD_ENV="I/N": the I-th (0-based) of every N, in collection order, after
+# -k and -m have chosen. ./course sanitize --shards N runs N such slices at once: compute-sanitizer's tools are slow
+# per test and the GPU is idle between kernels, so slices share it (lab 07's racecheck and initcheck did not end in
+# 545 s in one process on an H100).
+class _Shard:
+    """Keeps the I-th of every N selected tests. A plugin object, not a second pytest_collection_modifyitems in this
+    file (a module holds one function of a name): trylast, so it slices what -k and -m (the mark plugin's own
+    modifyitems, after this file's, which adds the markers -m reads) have left."""
+
+    def __init__(self, index: int, count: int):
+        self.index, self.count = index, count
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        kept = items[self.index::self.count]
+        dropped = [item for position, item in enumerate(items) if position % self.count != self.index]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def register_shard(config) -> None:
+    shard = os.environ.get(trees.SHARD_ENV)
+    if shard:
+        index, count = (int(part) for part in shard.split("/"))
+        if not 0 <= index < count:
+            raise pytest.UsageError(f"{trees.SHARD_ENV}={shard}: want I/N with 0 <= I < N")
+        config.pluginmanager.register(_Shard(index, count), "course-test-shard")
 
 
 def pytest_runtest_setup(item):

@@ -2,7 +2,8 @@
 
 Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the test_aot_* functions from here;
 `pytest tests/lab09_aot.py` also runs them. They need no fixture of their own (an imported function brings none):
-the builds are made by cached functions, once per process.
+the builds are made by cached functions, once per process, started early when the session selects these tests
+(start_early, harness/background.py: they run beside the lab's other tests).
 
   - CMake: `cmake --build build/cmake --target course_<tree>_ops` (the CI's build folder, configured first if it is
     missing: CI has built every target before the suite runs, so this finds it up to date) gives
@@ -28,7 +29,6 @@ the suite (.ci/run), so lab 09's grading stays inside its deadline.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import json
@@ -46,8 +46,8 @@ import pytest
 import torch
 
 import harness
+from harness import background, jit, requires_gpu, trees
 from harness import build as lab_build
-from harness import jit, requires_gpu, trees
 
 LAB = trees.find_lab("09")
 NAMESPACE = "course"  # ops.cpp's COURSE_OPS_NAMESPACE in both ahead-of-time builds
@@ -69,18 +69,36 @@ __all__ = ["test_aot_cmake_compiles_the_jit_sources", "test_aot_cmake_library_li
 AOT_ENV = "COURSE_AOT"
 
 
-def graded_tree() -> trees.Tree:
-    """The tree under grading, when it is one of the course's own: CMake knows labs/ and solutions/ only."""
+def _aot_tree() -> tuple[trees.Tree, str]:
+    """The tree under grading, and why its ahead-of-time builds are not checked ("" when they are)."""
     tree = trees.resolve_tree()
     if tree.tag not in ("labs", "solutions"):
-        pytest.skip(f"the ahead-of-time builds are checked on the course's trees (labs, solutions); {tree.path} is "
-                    "graded on its JIT build")
+        return tree, (f"the ahead-of-time builds are checked on the course's trees (labs, solutions); {tree.path} is "
+                      "graded on its JIT build")
     if tree.tag == "labs" and not (os.environ.get("CI") or os.environ.get(AOT_ENV)):
         # Two more builds of lessons 06-08's kernels (CMake, the wheel): minutes each on a small machine, on
         # top of the JIT build. The edit-grade loop stays on the JIT build; these run when asked.
-        pytest.skip(f"the ahead-of-time builds of your lab (CMake library, wheel) take minutes: run them with "
-                    f"{AOT_ENV}=1 ./course grade 09 once your ops pass")
+        return tree, (f"the ahead-of-time builds of your lab (CMake library, wheel) take minutes: run them with "
+                      f"{AOT_ENV}=1 ./course grade 09 once your ops pass")
+    return tree, ""
+
+
+def graded_tree() -> trees.Tree:
+    """The tree under grading, when it is one of the course's own: CMake knows labs/ and solutions/ only."""
+    tree, why_not = _aot_tree()
+    if why_not:
+        pytest.skip(why_not)
     return tree
+
+
+def start_early() -> None:
+    """Start the CMake library's and the wheel's builds and probes now, each in a thread (background.once): they are
+    subprocesses, so they run while the session's other tests do, and each test here then waits for its part.
+    test_09_custom_ops.py calls this when the session has selected these tests."""
+    tree, why_not = _aot_tree()
+    if not why_not:
+        probe_once.start("cmake", tree.tag)
+        probe_once.start("wheel", tree.tag)
 
 
 def _tail(path: Path, lines: int = 60) -> str:
@@ -109,7 +127,7 @@ def _cmake_cache() -> dict[str, str]:
     return entries
 
 
-@functools.lru_cache(maxsize=None)
+@background.once
 def cmake_library(tag: str) -> Path:
     """build/cmake/<tag>/libcourse_ops.so, built by its target alone. The CI's build folder is reused as it is;
     it is configured when missing, or when it lacks the tree or compiles for another GPU than this one."""
@@ -183,7 +201,7 @@ def wheel_key(lab_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@background.once
 def wheel(tag: str) -> Path:
     """build/wheel/<tag>/dist's course_ops wheel, built with pip unless the hash of its sources is the one it was
     built from. Intermediate files stay in build/wheel/<tag>/build (setup.py), so a rebuild is incremental."""
@@ -213,7 +231,7 @@ def wheel(tag: str) -> Path:
     return found[-1]
 
 
-@functools.lru_cache(maxsize=None)
+@background.once
 def installed_wheel(tag: str) -> Path:
     """wheel(tag) installed with pip --target into build/wheel/<tag>/site (--no-deps: this torch is the one)."""
     site = WHEEL_DIR / tag / "site"
@@ -351,14 +369,26 @@ def run_probe(kind: str, location: Path, tag: str, outputs_file: Path | None = N
     return json.loads(lines[-1][len(PROBE_PREFIX):])
 
 
-@functools.lru_cache(maxsize=None)
+def _outputs_file(kind: str, tag: str) -> Path:
+    path = WHEEL_DIR / tag / f"gpu-outputs-{kind}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@background.once
+def probe_once(kind: str, tag: str) -> dict:
+    """One fresh python per ahead-of-time build: what it registers, and on a GPU its outputs too (one process for
+    both: a python that imports torch and loads the library takes ~7 s)."""
+    location = cmake_library(tag) if kind == "cmake" else installed_wheel(tag)
+    return run_probe(kind, location, tag, _outputs_file(kind, tag) if torch.cuda.is_available() else None)
+
+
 def cmake_report(tag: str) -> dict:
-    return run_probe("cmake", cmake_library(tag), tag)
+    return probe_once("cmake", tag)
 
 
-@functools.lru_cache(maxsize=None)
 def wheel_report(tag: str) -> dict:
-    return run_probe("wheel", installed_wheel(tag), tag)
+    return probe_once("wheel", tag)
 
 
 # ---------------------------------------------------------------- what every build must register
@@ -491,21 +521,16 @@ def test_aot_wheel_registers_the_same_ops():
 
 
 # ---------------------------------------------------------------- GPU tests: bitwise the JIT build's outputs
-@functools.lru_cache(maxsize=None)
+@background.once
 def gpu_outputs(kind: str, tag: str) -> dict:
     """The outputs of run_cases on the GPU for one build of the tree (a subprocess each), loaded here."""
-    tree = trees.resolve_tree(tag)
     if kind == "jit":
+        tree = trees.resolve_tree(tag)
         lab_build.build(LAB, tree)  # the grader's build (reused when it is up to date)
-        location = LAB.build_dir(tree) / f"{lab_build.module_name(LAB, tree)}.so"
-    elif kind == "cmake":
-        location = cmake_library(tag)
+        run_probe(kind, LAB.build_dir(tree) / f"{lab_build.module_name(LAB, tree)}.so", tag, _outputs_file(kind, tag))
     else:
-        location = installed_wheel(tag)
-    outputs_file = WHEEL_DIR / tag / f"gpu-outputs-{kind}.pt"
-    outputs_file.parent.mkdir(parents=True, exist_ok=True)
-    run_probe(kind, location, tag, outputs_file)
-    return torch.load(outputs_file)
+        probe_once(kind, tag)  # the same process as the build's registration report
+    return torch.load(_outputs_file(kind, tag))
 
 
 def assert_bitwise_like_jit(kind: str) -> None:

@@ -3,7 +3,8 @@
 Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the test_stable_* functions from
 here (`from lab09_stable_abi import *` brings exactly those, see __all__); `pytest tests/lab09_stable_abi.py` also
 runs them. They need no fixture: the wheel, its installed copies and the second torch are made by cached
-functions, once per process, so importing the functions is enough.
+functions, once per process, so importing the functions is enough (the wheel's build may start early, beside
+the lab's other tests: start_early).
 
   - the wheel builds (build/stable-abi/, reused while newer than its sources), is tagged abi3, and its library
     needs only libtorch_cpu.so (the stable C shim) and the C/C++ runtimes: no libpython, no libtorch_python,
@@ -37,7 +38,7 @@ import pytest
 import torch
 
 import harness
-from harness import requires_gpu, trees
+from harness import background, requires_gpu, trees
 from harness.check import dtype_name, shape_id
 
 STABLE_DIR = trees.SOLUTIONS / "09-custom-ops" / "stable"
@@ -68,7 +69,7 @@ def _stable_tools():
     return module
 
 
-@functools.lru_cache(maxsize=None)
+@background.once
 def stable_wheel() -> Path:
     """The wheel: COURSE_STABLE_WHEEL, or build/stable-abi/dist's, built if missing or older than its sources."""
     given = os.environ.get("COURSE_STABLE_WHEEL")
@@ -78,6 +79,12 @@ def stable_wheel() -> Path:
     if seconds is not None:
         print(f"[lab09] built {wheel.name} in {seconds:.1f} s")
     return wheel
+
+
+def start_early() -> None:
+    """Start the wheel's build now, in a thread (background.once): test_09_custom_ops.py calls this when the
+    session has selected these tests, so the build runs while the others do."""
+    stable_wheel.start()
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@ skeletons, and the links between lessons, labs and graders. All run without a GP
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -326,3 +327,165 @@ def test_sanitizer_checks_every_kernel_of_the_lab(lab, tree):
             assert any(re.search(rf"\b{n}\s*\(", after) for n in names), (
                 f"{path.relative_to(trees.ROOT)}: a __global__ function whose name lab_kernels does not find: "
                 f"{after[:120]!r}")
+
+
+# ---------------------------------------------------------------- the notebook runner
+@pytest.mark.parametrize("failures, expect_calls, expect_error", [(0, 1, None), (1, 2, None), (2, 2, "didn't respond")])
+def test_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch, failures, expect_calls, expect_error):
+    """A kernel that does not answer (two kernels started at once took one TCP port: 1 of 10 parallel graders on the
+    GPU box) gets one more start; a second failure, or a failing cell, is reported as it is."""
+    nbclient = pytest.importorskip("nbclient")
+    from harness import notebooks
+
+    calls = []
+
+    class FakeClient:
+        def __init__(self, notebook, **kwargs):
+            self.notebook = notebook
+
+        def execute(self):
+            calls.append(1)
+            if len(calls) <= failures:
+                raise RuntimeError("Kernel didn't respond in 60 seconds")
+
+    monkeypatch.setattr(nbclient, "NotebookClient", FakeClient)
+    for name in ("COURSE_ROOT", jit.BUILD_DIR_ENV, jit.MODULE_ENV):  # execute() sets them: restored after the test
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    lab = trees.find_lab("00")
+    if expect_error:
+        with pytest.raises(RuntimeError, match=expect_error):
+            notebooks.execute(lab, trees.resolve_tree("solutions"))
+    else:
+        notebooks.execute(lab, trees.resolve_tree("solutions"))
+    assert len(calls) == expect_calls
+
+
+# ---------------------------------------------------------------- test shards (./course sanitize --shards)
+def test_shards_split_the_selected_tests_exactly(tmp_path):
+    """COURSE_TEST_SHARD=I/N keeps every N-th test after -k and -m chose: the shards are disjoint and together the
+    unsharded selection."""
+    def collected(shard: str | None) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if k != trees.SHARD_ENV}
+        if shard:
+            env[trees.SHARD_ENV] = shard
+        run = subprocess.run([sys.executable, "-m", "pytest", "tests/test_03_reductions.py", "--collect-only", "-q",
+                              "-p", "no:cacheprovider", "-m", "not perf", "-k", "warp or sum"],
+                             cwd=trees.ROOT, env=env, capture_output=True, text=True)
+        return [line for line in run.stdout.splitlines() if "::" in line]
+
+    whole = collected(None)
+    shards = [collected(f"{i}/3") for i in range(3)]
+    assert len(whole) > 10
+    assert sorted(sum(shards, [])) == sorted(whole)
+    assert all(len(s) in (len(whole) // 3, len(whole) // 3 + 1) for s in shards)
+
+
+def test_sanitizer_merges_a_tools_shards():
+    import sanitizer
+
+    rows = [{"tool": "racecheck", "errors": e, "ran": True, "tests": t, "failed": f, "findings": fi,
+             "failed_tests": ft, "summaries": [f"SUMMARY: {e} errors"], "process_error": pe, "log": f"log{i}",
+             "seconds": s}
+            for i, (e, t, f, fi, ft, pe, s) in enumerate([(0, 10, 0, [], [], None, 30.0),
+                                                          (2, 11, 1, ["Race A"], ["t1: x"], None, 50.0),
+                                                          (1, 9, 0, ["Race A", "Race B"], [], "deadline", 40.0)])]
+    merged = sanitizer.merge_shards(rows)
+    assert (merged["errors"], merged["tests"], merged["failed"], merged["seconds"]) == (3, 30, 1, 50.0)
+    assert merged["findings"] == ["Race A", "Race B"] and merged["failed_tests"] == ["t1: x"]
+    assert merged["process_error"] == "deadline" and not sanitizer.is_clean(merged)
+    assert sanitizer.merge_shards(rows[:1]) is rows[0]
+
+
+# ---------------------------------------------------------------- the notebook beside the quick sanitizer pass
+def _cli():
+    import cli  # tools/course, on sys.path above; imported here, where its tests need it
+
+    return cli
+
+
+@pytest.mark.parametrize("due", [True, False])
+def test_grade_runs_the_notebook_beside_the_quick_pass(monkeypatch, due):
+    """Where the quick pass is due, the graded run leaves the notebook out and a second run takes it, with the same
+    seed, while the pass runs; its test joins the lab's result. Otherwise one run takes every test."""
+    cli = _cli()
+    runs, passes = [], []
+
+    def fake_run(python, files, impl, label, **kw):
+        runs.append((label, kw.get("keywords"), kw.get("seed")))
+        name = cli.NOTEBOOK_TEST if kw.get("keywords") == cli.NOTEBOOK_TEST else "test_op"
+        return {"tests": [{"name": name, "outcome": "passed", "tasks": ["lab00.1"], "kind": "student"}],
+                "seed": 1234, "returncode": 0, "log": f"{label}.log"}
+
+    monkeypatch.setattr(cli, "run_lab_tests", fake_run)
+    monkeypatch.setattr(cli.sanitizer, "quick_pass_due", lambda args: due)
+    monkeypatch.setattr(cli.sanitizer, "run_as_asked", lambda *a, **k: passes.append(a[3].name))
+    args = types.SimpleNamespace(verbose=False, deadline=60, seed=None)
+    result = cli.grade_lab(args, sys.executable, trees.find_lab("00"), "solutions")
+    assert passes == ["00-first-kernel"]
+    if due:
+        assert runs == [("00-first-kernel", f"not {cli.NOTEBOOK_TEST}", None),
+                        ("00-first-kernel-notebook", cli.NOTEBOOK_TEST, 1234)]
+        assert [t["name"] for t in result["tests"]] == ["test_op", cli.NOTEBOOK_TEST]
+    else:
+        assert runs == [("00-first-kernel", None, None)]
+
+
+def test_a_notebook_run_that_died_fails_the_notebook_test_only():
+    cli = _cli()
+    result = {"tests": [{"name": "test_op", "outcome": "passed", "tasks": ["lab00.2", "lab00.1"], "kind": "student"},
+                        {"name": "test_given", "outcome": "passed", "tasks": [], "kind": "reference"}],
+              "returncode": 0}
+    cli.add_notebook_run(result, {"error": "the test process died (exit code -11)", "tests": [], "seconds": 3.0})
+    notebook = result["tests"][-1]
+    assert (notebook["name"], notebook["outcome"], notebook["tasks"]) == (cli.NOTEBOOK_TEST, "failed",
+                                                                          ["lab00.1", "lab00.2"])
+    assert "died" in notebook["message"] and result["returncode"] == 1 and "error" not in result
+
+
+def test_sigterm_to_course_stops_the_pytest_sessions_it_started(tmp_path):
+    """runner.run_pytest starts its child in a session of its own; SIGTERM to ./course (a `timeout`, scancel) must
+    still stop it: cli.run_command takes SIGTERM as Ctrl-C and stops every process runner started."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "course_like.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(trees.ROOT / "tools" / "course")!r})
+        import cli, runner
+
+        def fn(args):  # a run whose 'pytest' is a shell that records its pid and sleeps (exec keeps the pid)
+            runner.run_pytest(sys.executable, [], impl="solutions", label="sigterm-test", lab_number=None,
+                              verbose=False, deadline_s=120, quiet=True,
+                              wrapper=["bash", "-c", "echo $$ > {pid_file}; exec sleep 120"])
+            return 0
+
+        sys.exit(cli.run_command(fn, None))
+    """))
+    course = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    for _ in range(300):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    course.send_signal(signal.SIGTERM)
+    assert course.wait(timeout=30) == 130, course.stdout.read()
+    for _ in range(100):  # stop_all waits for it; an orphan is reaped by init a moment later
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the child {child} still runs after ./course took SIGTERM")
+# ---------------------------------------------------------------- CPU models of reference kernels
+def test_lab08_hopper_backward_model(capsys):
+    """tools/gpu/lab08_hopper_bwd_model.py: the Hopper backward's shared-memory layouts, descriptors and fragment maps
+    replayed in float64 agree with an attention backward on tails, causal, GQA and both head dims, and each of its
+    mutants (a slip in the replayed kernel code) is caught."""
+    spec = importlib.util.spec_from_file_location("lab08_hopper_bwd_model",
+                                                  trees.ROOT / "tools" / "gpu" / "lab08_hopper_bwd_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.main() == 0, capsys.readouterr().out

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace course {
 
@@ -55,7 +57,8 @@ inline int current_device() {
 // For what a launcher would otherwise ask the driver on every call (microseconds each) although
 // it changes only with the GPU: attributes, occupancy. Keyed by device because one process may
 // drive different GPUs, whose SM counts and occupancies differ. Keep one as a static beside the
-// code that asks (a static starts zeroed: nothing known).
+// code that asks (a static starts zeroed: nothing known). For values only, never for a side effect
+// on a kernel (see opt_in_dynamic_shared below).
 class PerDeviceCache {
  public:
   template <typename Compute>
@@ -102,6 +105,46 @@ int resident_blocks_per_sm(PerDeviceCache& cache, Kernel kernel, int threads_per
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor", __FILE__, __LINE__);
     return blocks;
   });
+}
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current GPU (past 48 KiB a
+// kernel must opt in), asking the driver once per kernel and GPU; `carveout` (e.g.
+// cudaSharedmemCarveoutMaxShared) also sets the kernel's preferred shared memory carveout.
+//
+// Why this memo is keyed by the kernel's address and is not a `static PerDeviceCache` beside the
+// launcher, as a value is: a static local of a template or inline function is ONE object in the
+// whole process (g++ emits it as a unique global symbol, `nm` type u, which the dynamic linker
+// merges even across libraries loaded RTLD_LOCAL), shared by every extension compiled from the same
+// launcher source. Lab 09 compiles lab 08's sources again: with lab 08's module loaded in the same
+// process, lab 08's "opted in" flag told lab 09's launcher that its own kernel, a different
+// function in a different library, had opted in, and the launch failed with cudaErrorInvalidValue
+// (2026-11-26, an H100). A cached value (an attribute, an occupancy) of the same code is the same in
+// every library; a side effect on one library's kernel is not.
+inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, int carveout) {
+  struct Done {
+    const void* kernel;
+    int device;
+    size_t bytes;
+  };
+  static std::mutex mutex;
+  static std::vector<Done> done;  // a few dozen kernels: a scan costs less than the launch
+  const int device = current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Done& d : done) {
+    if (d.kernel == kernel && d.device == device && d.bytes >= bytes) return;
+  }
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", __FILE__, __LINE__);
+  if (carveout >= 0) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
+               "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);
+  }
+  done.push_back({kernel, device, bytes});
+}
+
+template <typename Kernel>
+void opt_in_dynamic_shared(Kernel kernel, size_t bytes, int carveout = -1) {
+  opt_in_dynamic_shared_bytes(reinterpret_cast<const void*>(kernel), bytes, carveout);
 }
 
 }  // namespace course

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward.cu by `./course labs` [lab-hash 542bc531812d].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward.cu by `./course labs` [lab-hash 11d193350126].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, rung 4: the backward of attention on tensor cores (FlashAttention-2's algorithm), float16
@@ -759,21 +759,17 @@ __global__ void __launch_bounds__(kDqPassThreads)
 }
 // --8<-- [end:dq_pass]
 
-// Opt in to `bytes` of dynamic shared memory for `kernel` on the current GPU, once per GPU (the
-// caller keeps `cache`, one per kernel), with a clear error where the GPU has less.
+// Opt in to `bytes` of dynamic shared memory for `kernel` on the current GPU (above 48 KiB a kernel must;
+// once per kernel and GPU), with a clear error where the GPU has less.
 template <typename Kernel>
-void opt_in_shared(course::PerDeviceCache& cache, Kernel kernel, int bytes, int head_dim) {
-  cache.get([&] {
-    const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    if (limit < bytes) {
-      throw std::runtime_error("flash_backward: head_dim " + std::to_string(head_dim) + " needs " +
-                               std::to_string(bytes) + " bytes of shared memory a block; this GPU allows " +
-                               std::to_string(limit));
-    }
-    // Above 48 KiB of dynamic shared memory a kernel must opt in.
-    COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return 1;
-  });
+void opt_in_shared(Kernel kernel, int bytes, int head_dim) {
+  const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  if (limit < bytes) {
+    throw std::runtime_error("flash_backward: head_dim " + std::to_string(head_dim) + " needs " +
+                             std::to_string(bytes) + " bytes of shared memory a block; this GPU allows " +
+                             std::to_string(limit));
+  }
+  course::opt_in_dynamic_shared(kernel, bytes);
 }
 
 template <typename T, int kHeadDim>
@@ -798,8 +794,7 @@ void launch_typed(const AttentionBackwardParams& params, cudaStream_t stream) {
   if (blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_backward: too many key blocks");
   const auto kernel =
       deterministic ? flash_backward_kernel<T, kHeadDim, false> : flash_backward_kernel<T, kHeadDim, true>;
-  static course::PerDeviceCache opted_in[2];  // statics of this template: per instantiation, per GPU
-  opt_in_shared(opted_in[deterministic], kernel, Tiles<kHeadDim>::kSharedBytes, kHeadDim);
+  opt_in_shared(kernel, Tiles<kHeadDim>::kSharedBytes, kHeadDim);
   kernel<<<static_cast<unsigned>(blocks), kThreads, Tiles<kHeadDim>::kSharedBytes, stream>>>(params,
                                                                                              forward.scale * kLog2e);
   COURSE_CHECK_LAUNCH();
@@ -810,8 +805,7 @@ void launch_typed(const AttentionBackwardParams& params, cudaStream_t stream) {
         course::ceil_div<int64_t>(forward.seqlen_q, kDqPassBlockM) * forward.batch * forward.heads_q;
     if (dq_blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_backward: too many query blocks");
     const auto dq_kernel = flash_backward_dq_kernel<T, kHeadDim>;
-    static course::PerDeviceCache dq_opted_in;
-    opt_in_shared(dq_opted_in, dq_kernel, DqPassTiles<kHeadDim>::kSharedBytes, kHeadDim);
+    opt_in_shared(dq_kernel, DqPassTiles<kHeadDim>::kSharedBytes, kHeadDim);
     dq_kernel<<<static_cast<unsigned>(dq_blocks), kDqPassThreads, DqPassTiles<kHeadDim>::kSharedBytes, stream>>>(
         params, forward.scale * kLog2e);
     COURSE_CHECK_LAUNCH();

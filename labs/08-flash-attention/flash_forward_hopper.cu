@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_forward_hopper.cu by `./course labs` [lab-hash 4b15e3da408b].
+// Lab skeleton generated from solutions/08-flash-attention/flash_forward_hopper.cu by `./course labs` [lab-hash 4d20673c183a].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path (sm_90a): the same forward as flash_forward.cu (same op, same
@@ -471,11 +471,7 @@ template <typename T, int kHeadDim, bool kOverlap>
 void launch_typed(const AttentionParams& p, ElementType type, cudaStream_t stream) {
   using Config = HopperTiles<kHeadDim>;
   const auto kernel = flash_forward_hopper_kernel<T, kHeadDim, kOverlap>;
-  static course::PerDeviceCache shared_opt_in;  // one per instantiation, per GPU
-  shared_opt_in.get([&] {
-    COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
-    return 1;
-  });
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
   CUtensorMap maps[3];
   const struct {
     const void* data;

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/hopper_attention.cuh by `./course labs` [lab-hash ff1a023adec6].
+// Lab skeleton generated from solutions/08-flash-attention/hopper_attention.cuh by `./course labs` [lab-hash 4d2ba36ca7d1].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // The Hopper (sm_90a) instructions lab 08's Hopper forward needs beyond include/course/wgmma.cuh (whose
@@ -9,6 +9,8 @@
 //    contiguous): wgmma transposes it on the way in, as ldmatrix .trans does for mma.sync;
 //  - S = Q K^T as wgmma m64n128k16 with both operands in shared memory (SS), and O += P V as
 //    m64n64k16 / m64n128k16 with A = P from registers (RS).
+// and what the Hopper backward (flash_backward_hopper.cu) adds: a 1-D bulk copy (its rows of L log2(e) and
+// D) and S^T = K Q^T, dP^T = V dO^T, dQ = dS K as wgmma m64n64k16 SS (the last with both operands transposed).
 // Compiled only where COURSE_WGMMA is defined (wgmma.cuh: nvcc's sm_90a pass).
 #pragma once
 
@@ -19,6 +21,17 @@
 #include <cstdint>
 
 #include <course/wgmma.cuh>
+
+#include "attention.h"
+
+// Host side, defined in flash_forward_hopper.cu and used by the backward too (flash_backward_hopper.cu):
+// whether TMA can describe a (batch, seqlen, heads, head_dim) view, and its 4-D tensor map in boxes of 64
+// head dims x box_rows rows, 128-byte swizzled.
+namespace flash_forward_hopper_impl {
+bool view_qualifies(const void* data, const Strides& strides, int64_t batch, int64_t seqlen, int64_t heads);
+CUresult encode_view(CUtensorMap* map, ElementType type, const void* data, const Strides& strides, int64_t batch,
+                     int64_t seqlen, int64_t heads, int64_t head_dim, int box_rows);
+}  // namespace flash_forward_hopper_impl
 
 #ifdef COURSE_WGMMA
 namespace hopper {
@@ -34,6 +47,15 @@ __device__ inline void tma_load_4d(void* destination, const CUtensorMap* map, ui
       "[%6];\n" ::"r"(shared_address(destination)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(barrier))
       : "memory");
+}
+
+// A 1-D bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared
+// memory, counted towards `barrier` as the tensor copies are: the backward's rows of L log2(e) and D.
+__device__ inline void bulk_load(void* destination, const void* source, uint32_t bytes, uint64_t* barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   shared_address(destination)),
+               "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
 }
 
 // The descriptor of an MN-major tile written by TMA with the 128-byte swizzle: rows are the k index
@@ -94,6 +116,46 @@ __device__ inline void wgmma_ss_n128<__half>(float (&d)[64], uint64_t a_descript
                                              bool accumulate) {
   COURSE_WGMMA_SS_N128("f16");
 }
+
+// d[64 x 64] (32 fp32 a thread) = (accumulate ? d : 0) + A[64 x 16] B[16 x 64], both operands in shared
+// memory (SS), for the backward. kTransposed false: A and B K-major (A rows of 16 k, B stored as B^T: S^T =
+// K Q^T, dP^T = V dO^T). kTransposed true: both MN-major (imm-trans-a = imm-trans-b = 1: dQ = dS K with dS
+// stored as dS^T and K as stored, k = keys as the rows of both).
+#define COURSE_WGMMA_SS_N64(TYPE, TRANS)                                            \
+  asm volatile(                                                                     \
+      "{\n .reg .pred accumulate;\n setp.ne.b32 accumulate, %34, 0;\n"              \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " COURSE_REGS32 \
+      ", %32, %33, accumulate, 1, 1, " TRANS ";\n}\n"                               \
+      : COURSE_ACC32(0)                                                             \
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(static_cast<int>(accumulate)))
+
+template <typename T, bool kTransposed>
+struct WgmmaSsN64;
+template <>
+struct WgmmaSsN64<__nv_bfloat16, false> {
+  __device__ static void run(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor, bool accumulate) {
+    COURSE_WGMMA_SS_N64("bf16", "0, 0");
+  }
+};
+template <>
+struct WgmmaSsN64<__nv_bfloat16, true> {
+  __device__ static void run(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor, bool accumulate) {
+    COURSE_WGMMA_SS_N64("bf16", "1, 1");
+  }
+};
+template <>
+struct WgmmaSsN64<__half, false> {
+  __device__ static void run(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor, bool accumulate) {
+    COURSE_WGMMA_SS_N64("f16", "0, 0");
+  }
+};
+template <>
+struct WgmmaSsN64<__half, true> {
+  __device__ static void run(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor, bool accumulate) {
+    COURSE_WGMMA_SS_N64("f16", "1, 1");
+  }
+};
+#undef COURSE_WGMMA_SS_N64
 
 // d[64 x N] += A[64 x 16] B[16 x N], A in registers (the m16n8k16 A fragment of the thread's warp's 16
 // rows: the packed P), B MN-major in shared memory (imm-trans-b = 1: V as stored). N = 64 or 128.

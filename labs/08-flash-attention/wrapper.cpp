@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/wrapper.cpp by `./course labs` [lab-hash 438823a8b855].
+// Lab skeleton generated from solutions/08-flash-attention/wrapper.cpp by `./course labs` [lab-hash caebeb0eb5ae].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's host wrapper: checks, the device and stream, the outputs and workspaces, launches. The
@@ -323,7 +323,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& 
                                                               const at::Tensor& k, const at::Tensor& v,
                                                               const at::Tensor& o, const at::Tensor& lse, bool causal,
                                                               std::optional<double> scale, bool deterministic) {
+  return flash_backward_path(grad_o, q, k, v, o, lse, causal, scale, deterministic, "auto");
+}
+
+// --8<-- [start:backward_dispatch]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward_path(const at::Tensor& grad_o, const at::Tensor& q,
+                                                                   const at::Tensor& k, const at::Tensor& v,
+                                                                   const at::Tensor& o, const at::Tensor& lse,
+                                                                   bool causal, std::optional<double> scale,
+                                                                   bool deterministic, const std::string& path) {
   constexpr const char* op = "flash_backward";
+  TORCH_CHECK(path == "auto" || path == "portable" || path == "hopper", op,
+              ": path must be 'auto' (the Hopper kernel where it runs, else the portable one), 'portable' (rung 4, "
+              "mma.sync) or 'hopper' (the sm_90a kernel, flash_backward_hopper.cu); got '",
+              path, "'");
   const Shape shape = check_qkv(q, k, v, op, Rung::kTensorCores);
   check_like_q(grad_o, q, op, "grad_o");
   check_like_q(o, q, op, "o");
@@ -340,10 +353,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& 
   at::Tensor grad_k = at::empty(k.sizes(), k.options());
   at::Tensor grad_v = at::empty(v.sizes(), v.options());
   const auto floats = q.options().dtype(at::kFloat);
-  at::Tensor delta = at::empty({shape.batch, shape.heads_q, shape.seqlen_q}, floats);  // D = rowsum(dO * O)
-  // dQ's float32 partial sums, added by atomics from every key block; the launcher zeroes it on the
-  // stream (attention.h). The deterministic pass sums dQ in registers and needs none.
-  at::Tensor grad_q_accum = deterministic ? at::Tensor() : at::empty(q.sizes(), floats);
 
   AttentionBackwardParams params{};
   params.forward = make_params(q, k, v, shape, softmax_scale, causal);
@@ -353,10 +362,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& 
   params.grad_q = grad_q.mutable_data_ptr();
   params.grad_k = grad_k.mutable_data_ptr();
   params.grad_v = grad_v.mutable_data_ptr();
-  params.delta = delta.mutable_data_ptr<float>();
-  params.grad_q_accum = deterministic ? nullptr : grad_q_accum.mutable_data_ptr<float>();
   params.deterministic = deterministic;
-  launch_flash_backward(element_type(q.scalar_type()), params, course::current_stream());
+  const ElementType type = element_type(q.scalar_type());
+  // dQ's float32 partial sums, added by atomics from every key block; the launcher zeroes it on the
+  // stream (attention.h). The deterministic pass sums dQ in registers and needs none.
+  at::Tensor grad_q_accum = deterministic ? at::Tensor() : at::empty(q.sizes(), floats);
+  params.grad_q_accum = deterministic ? nullptr : grad_q_accum.mutable_data_ptr<float>();
+  const std::string refusal = path == "portable" ? "" : flash_backward_hopper_refusal(type, params);
+  if (path == "portable" || (path == "auto" && !refusal.empty())) {
+    at::Tensor delta = at::empty({shape.batch, shape.heads_q, shape.seqlen_q}, floats);  // D = rowsum(dO * O)
+    params.delta = delta.mutable_data_ptr<float>();
+    launch_flash_backward(type, params, course::current_stream());
+    return {grad_q, grad_k, grad_v};
+  }
+  TORCH_CHECK(refusal.empty(), op, ": path='hopper' runs the Hopper kernel, which cannot take this call: ", refusal,
+              "; got q ", course::describe(q), " with strides ", course::format_dims(q.strides()),
+              "; use path='auto' (which falls back to the portable kernel) or path='portable'");
+  // The Hopper kernel's D and L log2(e): one allocation, each (batch, heads_q, seqlen_q padded to its query block).
+  const int64_t rows = flash_backward_hopper_rows(shape.seqlen_q);
+  at::Tensor rows_workspace = at::empty({2, shape.batch, shape.heads_q, rows}, floats);
+  params.delta = rows_workspace[0].mutable_data_ptr<float>();
+  launch_flash_backward_hopper(type, params, rows_workspace[1].mutable_data_ptr<float>(), course::current_stream());
   return {grad_q, grad_k, grad_v};
 }
+// --8<-- [end:backward_dispatch]
 // --8<-- [end:ops]

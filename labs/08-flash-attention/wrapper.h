@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/wrapper.h by `./course labs` [lab-hash da22561a6c73].
+// Lab skeleton generated from solutions/08-flash-attention/wrapper.h by `./course labs` [lab-hash 784608d43595].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's ops as C++ functions on tensors (the attention rungs, forward and backward): what wrapper.cpp defines
@@ -31,3 +31,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& 
                                                               const at::Tensor& k, const at::Tensor& v,
                                                               const at::Tensor& o, const at::Tensor& lse, bool causal,
                                                               std::optional<double> scale, bool deterministic);
+// The same op with its kernel chosen by `path`, as flash_forward_path: "auto" (the Hopper kernel,
+// flash_backward_hopper.cu, where flash_backward_hopper_refusal is empty: a compute capability 9.0 GPU, an
+// sm_90a build, views TMA can describe, not deterministic; else rung 4), "portable" (rung 4), "hopper" (the
+// Hopper kernel, or an error saying why it cannot run). flash_backward is path "auto".
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward_path(const at::Tensor& grad_o, const at::Tensor& q,
+                                                                   const at::Tensor& k, const at::Tensor& v,
+                                                                   const at::Tensor& o, const at::Tensor& lse,
+                                                                   bool causal, std::optional<double> scale,
+                                                                   bool deterministic, const std::string& path);

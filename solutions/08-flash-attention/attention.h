@@ -131,3 +131,21 @@ struct FlashForwardHopperTiles {
   int block_m, block_n, warps, stages, shared_bytes;
 };
 FlashForwardHopperTiles flash_forward_hopper_tiles(int head_dim);
+
+// The reference's Hopper path of rung 4 (flash_backward_hopper.cu): the same contract and results (dK, dV
+// bitwise deterministic; dQ by float32 atomics), with TMA, mbarriers, wgmma and warp specialization; sm_90a
+// builds on a compute capability 9.0 GPU only. Its workspaces differ from rung 4's: params.delta and
+// lse_log2 are (batch, heads_q, flash_backward_hopper_rows(seqlen_q)) float32 each (seqlen_q padded to
+// the kernel's query block), params.grad_q_accum as rung 4's; params.deterministic is refused.
+void launch_flash_backward_hopper(ElementType type, const AttentionBackwardParams& params, float* lse_log2,
+                                  cudaStream_t stream);
+int64_t flash_backward_hopper_rows(int64_t seqlen_q);
+// Why the Hopper backward cannot take a call ("" when it can): deterministic, dtype, head_dim, empty
+// tensors, TMA's rule for q, k, v and grad_o, the GPU or the build.
+std::string flash_backward_hopper_refusal(ElementType type, const AttentionBackwardParams& params);
+// Its tiles: block_m queries a step, block_n keys a block (2 consumer warpgroups of 64), warps (12), stages
+// of the Q/dO ring, dynamic shared memory.
+struct FlashBackwardHopperTiles {
+  int block_m, block_n, warps, stages, shared_bytes;
+};
+FlashBackwardHopperTiles flash_backward_hopper_tiles(int head_dim);

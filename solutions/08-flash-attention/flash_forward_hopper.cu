@@ -468,11 +468,7 @@ template <typename T, int kHeadDim, bool kOverlap>
 void launch_typed(const AttentionParams& p, ElementType type, cudaStream_t stream) {
   using Config = HopperTiles<kHeadDim>;
   const auto kernel = flash_forward_hopper_kernel<T, kHeadDim, kOverlap>;
-  static course::PerDeviceCache shared_opt_in;  // one per instantiation, per GPU
-  shared_opt_in.get([&] {
-    COURSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSharedBytes));
-    return 1;
-  });
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
   CUtensorMap maps[3];
   const struct {
     const void* data;

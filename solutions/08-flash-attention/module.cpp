@@ -24,11 +24,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("path") = "auto");
   m.def("flash_forward_hopper_available", &flash_forward_hopper_available,
         "whether flash_forward's Hopper kernel runs on the current GPU (compute capability 9.0, a build for sm_90a)");
-  m.def("flash_backward", &flash_backward,
+  m.def("flash_backward", &flash_backward_path,
         "rung 4: (grad_q, grad_k, grad_v) from grad_o and the forward's o and lse; deterministic=True computes dQ "
-        "in a second pass instead of float32 atomics (bitwise reproducible, more FLOPs)",
+        "in a second pass instead of float32 atomics (bitwise reproducible, more FLOPs, the portable kernel). path: "
+        "'auto' (the Hopper kernel on sm_90a where the views qualify for TMA, else rung 4), 'portable' (rung 4), "
+        "'hopper' (the Hopper kernel, or an error)",
         py::arg("grad_o"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"),
-        py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("deterministic") = false);
+        py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("deterministic") = false,
+        py::arg("path") = "auto");
   // The numbers the kernels are built with, so that the grader, the notebook and the page read them
   // instead of restating them: per head_dim, each flash kernel's block of queries (block_m), of keys
   // (block_n), warps and dynamic shared memory, keyed like "forward_block_m_d64".
@@ -60,6 +63,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           put("hopper_warps", hopper.warps);
           put("hopper_stages", hopper.stages);
           put("hopper_shared_bytes", hopper.shared_bytes);
+          const FlashBackwardHopperTiles hopper_bwd = flash_backward_hopper_tiles(d);
+          put("hopper_backward_block_m", hopper_bwd.block_m);
+          put("hopper_backward_block_n", hopper_bwd.block_n);
+          put("hopper_backward_warps", hopper_bwd.warps);
+          put("hopper_backward_stages", hopper_bwd.stages);
+          put("hopper_backward_shared_bytes", hopper_bwd.shared_bytes);
           const FlashBackwardTiles bwd = flash_backward_tiles(d);
           put("backward_block_m", bwd.block_m);
           put("backward_block_n", bwd.block_n);
@@ -69,5 +78,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return c;
       },
       "{head_dims: [64, 128], and per head_dim d: fp32_/forward_/backward_ block_m, block_n, warps, shared_bytes "
-      "(+ forward_stages), and hopper_ the same for the Hopper forward, keyed like 'forward_block_m_d64'}");
+      "(+ forward_stages), hopper_ the same for the Hopper forward, hopper_backward_ for the Hopper backward, keyed "
+      "like 'forward_block_m_d64'}");
 }

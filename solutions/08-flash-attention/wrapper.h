@@ -28,3 +28,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(const at::Tensor& 
                                                               const at::Tensor& k, const at::Tensor& v,
                                                               const at::Tensor& o, const at::Tensor& lse, bool causal,
                                                               std::optional<double> scale, bool deterministic);
+// The same op with its kernel chosen by `path`, as flash_forward_path: "auto" (the Hopper kernel,
+// flash_backward_hopper.cu, where flash_backward_hopper_refusal is empty: a compute capability 9.0 GPU, an
+// sm_90a build, views TMA can describe, not deterministic; else rung 4), "portable" (rung 4), "hopper" (the
+// Hopper kernel, or an error saying why it cannot run). flash_backward is path "auto".
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward_path(const at::Tensor& grad_o, const at::Tensor& q,
+                                                                   const at::Tensor& k, const at::Tensor& v,
+                                                                   const at::Tensor& o, const at::Tensor& lse,
+                                                                   bool causal, std::optional<double> scale,
+                                                                   bool deterministic, const std::string& path);

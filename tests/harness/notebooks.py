@@ -62,12 +62,28 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
 
     os.environ[jit.BUILD_DIR_ENV] = str(lab.build_dir(tree))
     os.environ[jit.MODULE_ENV] = build.module_name(lab, tree)
-    client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
-    try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as error:
-        raise AssertionError(f"{path.name} failed while executing:\n{str(error)[-3000:]}") from None
+    # A kernel that never answers is started once more: jupyter_client picks free TCP ports, then binds them later,
+    # and two kernels started at once can take the same one ("ZMQError: Address already in use", then "Kernel didn't
+    # respond in 60 seconds": 1 of 10 graders run together on the GPU box, 2026-11-27; ./course grade --all --jobs
+    # starts notebooks together). Unix sockets (transport "ipc") avoid the race but hung the same way on the box with
+    # one kernel alone, so TCP stays. No cell has run when the kernel fails to start: nothing runs twice.
+    for attempt in (1, 2):
+        client = nbclient.NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
+                                         resources={"metadata": {"path": str(path.parent)}})
+        try:
+            client.execute()
+            return
+        except nbclient.exceptions.CellExecutionError as error:
+            raise AssertionError(f"{path.name} failed while executing:\n{str(error)[-3000:]}") from None
+        except RuntimeError as error:
+            if attempt == 2 or not kernel_never_started(error):
+                raise
+            print(f"[course] {path.name}: the notebook's kernel did not start ({error}); starting another", flush=True)
+
+
+def kernel_never_started(error: BaseException) -> bool:
+    """jupyter_client's words when a kernel it started never answered (client.py, wait_for_ready)."""
+    return "didn't respond" in str(error)
 
 
 def tests_for(handle):

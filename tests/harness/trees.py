@@ -35,6 +35,7 @@ DEFAULT_IMPL = "solutions"
 # The random seed of the inputs: `./course` draws one (or takes --seed) and passes it to the
 # grading process in this variable; printed with every result so a run can be reproduced.
 SEED_ENV = "COURSE_SEED"
+SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selected tests (tests/conftest.py)
 LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
 # CUDA and C++ sources and headers: their comments (and so their solution markers) start with //.
 CXX_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")

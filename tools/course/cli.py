@@ -6,6 +6,7 @@ need torch or mkdocs run them in the python that has them (tools/course/env.py).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import datetime as _dt
 import json
@@ -50,13 +51,54 @@ def _impl(arg: str) -> str:
 
 # ---------------------------------------------------------------- running pytest per lab
 def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verbose: bool, lab=None,
-                  markers: str | None = None, deadline_s: int = DEFAULT_DEADLINE_S, seed: int | None = None) -> dict:
+                  markers: str | None = None, keywords: str | None = None, deadline_s: int = DEFAULT_DEADLINE_S,
+                  seed: int | None = None) -> dict:
+    args = [*(["-m", markers] if markers else []), *(["-k", keywords] if keywords else [])]
     result = runner.run_pytest(python, files, impl=impl, label=label, lab_number=lab.number if lab else None,
-                               verbose=verbose, deadline_s=deadline_s, seed=seed,
-                               pytest_args=["-m", markers] if markers else None)
+                               verbose=verbose, deadline_s=deadline_s, seed=seed, pytest_args=args or None)
     if lab is not None:
         result["lab"] = lab.name
     return result
+
+
+# The notebook test runs every cell of the lab's notebook (22 s of lab 08's 50 s of tests, 27 s of lab 09's on an
+# H100); the quick sanitizer pass takes 10-21 s a lab. Neither is timed, so where the pass is due they run at once,
+# after the graded run, which leaves the notebook out: ./course grade 08 took 74 s with them one after the other.
+NOTEBOOK_TEST = "test_notebook_runs"
+
+
+def grade_lab(args, python: str, lab, impl: str) -> dict:
+    """One lab's run and its sanitizer pass; the notebook beside the quick pass when that pass is due."""
+    beside = sanitizer.quick_pass_due(args) and NOTEBOOK_TEST in lab.test_file.read_text(errors="replace")
+    result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
+                           keywords=f"not {NOTEBOOK_TEST}" if beside else None, deadline_s=args.deadline,
+                           seed=args.seed)
+    if not beside or result.get("error"):
+        sanitizer.run_as_asked(args, python, result, lab, impl)
+        return result
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        notebook = pool.submit(run_lab_tests, python, [lab.test_file], impl, f"{lab.name}-notebook",
+                               verbose=False, lab=lab, keywords=NOTEBOOK_TEST, deadline_s=args.deadline,
+                               seed=result["seed"])
+        sanitizer.run_as_asked(args, python, result, lab, impl)
+        add_notebook_run(result, notebook.result())
+    return result
+
+
+def add_notebook_run(result: dict, notebook: dict) -> None:
+    """The notebook run's test into the lab's result, as one run would have reported it; a notebook process that
+    died or hung is the notebook test's failure (with the lab's every task, as its @tasks(ALL)), not the lab's."""
+    tests = notebook.get("tests") or []
+    if notebook.get("error") or not tests:
+        tasks = sorted({task for test in result.get("tests", []) if test.get("kind") == "student"
+                        for task in test.get("tasks", [])})
+        tests = [{"name": NOTEBOOK_TEST, "outcome": "failed", "when": "call", "seconds": notebook.get("seconds", 0),
+                  "message": notebook.get("error") or "the notebook's run reported no test", "tasks": tasks,
+                  "kind": "student", "todos": []}]
+    result["tests"] = [*result.get("tests", []), *tests]
+    result["notebook_log"] = notebook.get("log")
+    if any(test["outcome"] == "failed" for test in tests):
+        result["returncode"] = 1
 
 
 def _grade(args, labs, impl: str, with_tooling: bool) -> int:
@@ -71,9 +113,7 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
         if not lab.test_file.exists():
             print(f"[course] {lab.name}: no grader yet ({lab.test_file.relative_to(ROOT)} is missing)")
             continue
-        results.append(run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose,
-                                     lab=lab, deadline_s=args.deadline, seed=args.seed))
-        sanitizer.run_as_asked(args, python, results[-1], lab, impl)
+        results.append(grade_lab(args, python, lab, impl))
     totals = report.print_summary(results, verbose=args.verbose)
     if getattr(args, "json", None):
         report.write_json(Path(args.json), {"impl": impl, "results": results})
@@ -194,18 +234,12 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
     def say(line: str) -> None:
         print(line, flush=True)
 
-    def interrupt(signum, frame):  # SIGTERM (scancel, a cancelled CI job) stops the runs as Ctrl-C does
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    try:  # SIGTERM arrives as KeyboardInterrupt (run_command); run_class stops its processes before it re-raises
         graded = runner.run_class(python, jobs, workers=workers, deadline_s=args.deadline, alone=alone,
                                   after=sanitize, say=say)
     except KeyboardInterrupt:
         print("\n[course] interrupted: the grading processes it started were stopped; nothing was written", flush=True)
         raise SystemExit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     everything: dict[str, list[dict]] = {submission.name: [] for submission in plan}
     for job, result in graded.items():
         result["lab"] = job.lab
@@ -349,7 +383,8 @@ def cmd_sanitize(args) -> int:
               "that on PATH) and a GPU the driver sees (nvidia-smi -L); "
               f"this machine has {'no GPU' if shutil.which('compute-sanitizer') else 'no compute-sanitizer on PATH'}")
         return 2
-    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, select=args.select)
+    rows = sanitizer.sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, select=args.select,
+                              shards=args.shards)
     report.print_sanitizer(lab.name, impl, rows)
     if args.json:
         report.write_json(Path(args.json), {"lab": lab.name, "impl": impl, "tools": rows})
@@ -456,6 +491,26 @@ def _shard(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _interrupt(signum, frame):  # SIGTERM (timeout, scancel, a cancelled CI job) stops ./course as Ctrl-C does
+    raise KeyboardInterrupt
+
+
+def run_command(fn, args) -> int:
+    """fn(args), with SIGTERM taken as Ctrl-C. runner.run_pytest starts each pytest in a session of its own (so that a
+    deadline kills a run's whole group), which a signal to ./course does not reach: on either, those processes are
+    stopped before ./course exits. (A device call's `timeout` once killed ./course sanitize and left its racecheck
+    pytest running beside the next step's timings: lab 02's transposes measured 2-3x slow, H100, 2026-11-27.)"""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return fn(args)
+    except KeyboardInterrupt:
+        stopped = runner.stop_all()
+        print(f"\n[course] interrupted: {stopped} process(es) it started were stopped", flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="./course", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -552,6 +607,9 @@ def main(argv=None) -> int:
     p.add_argument("-k", dest="select", metavar="EXPR",
                    help="only the correctness cases pytest -k selects (e.g. -k '113x203 and flash_forward'): a failing "
                    "case under the tools in seconds instead of the whole lab")
+    p.add_argument("--shards", type=_positive, default=1, metavar="N",
+                   help="run each tool as N processes at once, each over every N-th case (the tools are slow per "
+                   "test and leave the GPU idle between kernels; lab 07's racecheck did not end in 545 s as one)")
     p.add_argument("--json", help="write the findings as JSON here")
     p = add("profile", "a lab's kernels under Nsight Compute: one table per kernel (throughput as % of peak, sectors "
             "per request, bank conflicts, occupancy and its limiter, top stalls); --sass: their memory and MMA "
@@ -596,7 +654,7 @@ def main(argv=None) -> int:
     p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)
     try:
-        return args.fn(args)
+        return run_command(args.fn, args)
     except (KeyError, FileNotFoundError) as error:
         print(f"./course {args.command}: {error.args[0] if error.args else error}")
         return 2

@@ -65,7 +65,7 @@ def sanitizer_available() -> bool:
 
 def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
              deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False,
-             select: str | None = None) -> list[dict]:
+             select: str | None = None, shards: int = 1) -> list[dict]:
     """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool.
     `label_prefix` keeps the logs of concurrent runs apart (build/logs/PREFIXsanitize-NN-TOOL.log).
 
@@ -74,15 +74,18 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
     14.5 + 17.9 + 12.6 s one after another; lab 08's full pass, one tool after another, ran past 8 minutes,
     memcheck alone past 7).
     The full pass leaves out the cases the test file names in SANITIZE_EXCLUDE (excluded_cases); `select`, a pytest
-    -k expression, narrows it further (./course sanitize -k)."""
+    -k expression, narrows it further (./course sanitize -k). `shards` > 1 runs each tool as that many processes at
+    once, each over every shards-th selected case (trees.SHARD_ENV, read by tests/conftest.py), and merges them
+    into the tool's row: a tool is slow per test and leaves the GPU idle between kernels, so the slices share it."""
     exclude = None if quick else excluded_cases(test_file)
     keywords = (_SANITIZE_KEYWORDS + (f" and not ({exclude})" if exclude else "")
                 + (f" and ({select})" if select else ""))
 
     kernels = lab_kernels(lab_number, impl)
 
-    def one_tool(tool: str) -> dict:
-        label = f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
+    def one_tool(tool: str, shard: int = 0) -> dict:
+        label = (f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
+                 + (f"-shard{shard}of{shards}" if shards > 1 else ""))
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
         if kernels and tool != "initcheck":
             wrapper += ["--kernel-name", "regex=" + "|".join(kernels)]
@@ -93,9 +96,10 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
         # ends), and the slowest tests at the end: lab 08's pass printed nothing at all in 320 s on an H200, and its
         # log could not say whether one test or all of them were slow under the tools.
         selection = ["-m", markers, "-k", keywords, "-v", "-v", "--durations=15"]
+        shard_env = {runner.trees.SHARD_ENV: f"{shard}/{shards}"} if shards > 1 else {}
         result = runner.run_pytest(python, [test_file], impl=impl, label=label, lab_number=lab_number, verbose=False,
-                            deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper, extra_env=SANITIZE_ENV,
-                            quiet=quiet or quick)
+                            deadline_s=deadline_s, pytest_args=selection, wrapper=wrapper,
+                            extra_env={**SANITIZE_ENV, **shard_env}, quiet=quiet or quick or shards > 1)
         log_text = Path(result["log"]).read_text(errors="replace")
         counts = [int(a or b) for a, b in _ERROR_SUMMARY.findall(log_text)]
         summaries = [line.strip() for line in log_text.splitlines() if "SUMMARY:" in line]
@@ -113,8 +117,26 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
         what = ("the quick pass" if quick else "every correctness case" + (f" but ({exclude})" if exclude else "")
                 + (f" that -k '{select}' selects" if select else ""))
         print(f"[course] {label_prefix}sanitize-{lab_number}: {what}, {', '.join(tools)} at once ...", flush=True)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(tools)) as pool:
-        return list(pool.map(one_tool, tools))
+    jobs = [(tool, shard) for tool in tools for shard in range(shards)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        rows = list(pool.map(lambda job: one_tool(*job), jobs))
+    return [merge_shards([row for (tool_, _), row in zip(jobs, rows) if tool_ == tool]) for tool in tools]
+
+
+def merge_shards(rows: list[dict]) -> dict:
+    """One tool's row from its shards' rows: counts summed, findings and failed tests joined (each list's first ten
+    or five, as one process's), the slowest shard's seconds (they ran at once), every shard's log."""
+    if len(rows) == 1:
+        return rows[0]
+    first = rows[0]
+    errors = [r["process_error"] for r in rows if r["process_error"]]
+    return {"tool": first["tool"], "errors": sum(r["errors"] for r in rows), "ran": all(r["ran"] for r in rows),
+            "tests": sum(r["tests"] for r in rows), "failed": sum(r["failed"] for r in rows),
+            "findings": list(dict.fromkeys(f for r in rows for f in r["findings"]))[:10],
+            "failed_tests": [t for r in rows for t in r["failed_tests"]][:5],
+            "summaries": [line for r in rows for line in r["summaries"]][:4],
+            "process_error": "; ".join(errors) or None, "log": ", ".join(r["log"] for r in rows),
+            "seconds": max(r["seconds"] for r in rows)}
 
 
 def lab_kernels(lab_number: str, impl: str) -> list[str]:
@@ -171,6 +193,12 @@ def findings_of(log_text: str) -> list[str]:
         if headline not in findings:
             findings.append(headline)
     return findings
+
+
+def quick_pass_due(args) -> bool:
+    """Whether run_as_asked will run the quick pass (not --sanitize's full one, not --no-sanitize, a GPU here)."""
+    return (not getattr(args, "sanitize", False) and getattr(args, "quick_sanitize", False)
+            and sanitizer_available())
 
 
 def run_as_asked(args, python: str, result: dict, lab, impl: str, *, label_prefix: str = "",

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from variants import spec_line as line  # noqa: E402  (tools/gpu: the spec format's one writer)
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tools" / "gpu" / "lab07-rms-bwd-variants.txt"
 
@@ -186,14 +188,6 @@ ANCHOR = "template <typename T>\nvoid launch_rms_norm_backward("
 def edits(rows_rule: str, bounds: str, partials: str) -> list[tuple[str, str, str]]:
     kernel = KERNEL.replace("ROWS_RULE", rows_rule).replace("LAUNCH_BOUNDS", bounds).replace("PARTIALS", partials)
     return [("rms_norm.cu", *RENAME), ("rms_norm.cu", ANCHOR, HELPERS + kernel + ANCHOR)]
-
-
-def line(name: str, edit_list) -> str:
-    parts = []
-    for file, old, new in edit_list:
-        assert ":" not in old and "|" not in old + new and "\\n" not in old + new, name
-        parts.append(f"{file}:{old}:{new}".replace("\n", "\\n"))
-    return f"{name}:" + "|".join(parts)
 
 
 def main() -> None:

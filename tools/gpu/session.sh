@@ -6,6 +6,7 @@
 #   bash tools/gpu/session.sh builds 00         cold build, then rebuild after touching only the kernel
 #   bash tools/gpu/session.sh seeds "00 01" 5   the correctness tests (not perf, not large) of the solutions under
 #                                               5 more seeds at once: issue 11's zero-false-failure runs
+#                                               (SEED_K: a pytest -k expression for them)
 # Run from the repository root, with .whl carried (nbclient and friends for the notebooks).
 set -u
 phase=${1:?phase: test, tooling, sanitize or builds}
@@ -39,10 +40,13 @@ case $phase in
     # per process, so that the seeds' processes find them done instead of racing for the same build.
     for lab in $labs; do ./course build "$lab" --impl solutions >/dev/null 2>&1 & done; wait
     files=$(for lab in $labs; do ls tests/test_"$lab"_*.py; done)
+    # The model tests run float64 on the CPU with torch's threads: split the cores, or N processes of nproc
+    # threads each stall (2026-11-26: five processes of labs 08/09 sat at test_model_forward[1023x1024] 200 s).
+    export OMP_NUM_THREADS=$(( $(nproc) / ${3:-5} > 0 ? $(nproc) / ${3:-5} : 1 ))
     for i in $(seq 1 "${3:-5}"); do
       # shellcheck disable=SC2086
-      COURSE_SEED=$((COURSE_SEED + i)) python3 -m pytest $files -m "not perf and not large" -q -p no:cacheprovider \
-        -rfE >"$OUT/seed-$((COURSE_SEED + i)).txt" 2>&1 &
+      COURSE_SEED=$((COURSE_SEED + i)) python3 -m pytest $files -m "not perf and not large" -k "${SEED_K:-}" -q \
+        -p no:cacheprovider -rfE >"$OUT/seed-$((COURSE_SEED + i)).txt" 2>&1 &
     done
     wait
     for f in "$OUT"/seed-*.txt; do echo "$(basename "$f" .txt): $(tail -1 "$f")"; done ;;

@@ -4,7 +4,9 @@
 
 Each variant is NAME:FILE:OLD:NEW (or @FILE with one such spec per line) (OLD must occur once in FILE; '\\n' allowed);
 several edits for one variant are joined with '|'. Each variant is built as a submission and
-benchmarked with `./course bench`; a table of every perf case's ratio ends the output.
+benchmarked with `./course bench`; a table of every perf case's ratio ends the output. The builds run first, all at
+once (CPU work: a lab's variants build in the time of one), then the benches one after another (timings never
+overlap); each variant's ratios are printed as its bench ends, so a call stopped at its deadline keeps what it timed.
 """
 from __future__ import annotations
 
@@ -19,9 +21,19 @@ from harness import trees  # noqa: E402
 from harness.mutants import plant  # noqa: E402
 
 
+def spec_line(name: str, edits) -> str:
+    """A variant's spec line, NAME:FILE:OLD:NEW|..., from (file, old, new) edits: the format main() reads, written by
+    the generators (tools/gpu/lab05_epilogue_variants.py, lab07_rms_bwd_variants.py)."""
+    parts = []
+    for file, old, new in edits:
+        assert ":" not in old and "|" not in old + new and "\\n" not in old + new, name
+        parts.append(f"{file}:{old}:{new}".replace("\n", "\\n"))
+    return f"{name}:" + "|".join(parts)
+
+
 def main() -> None:
     lab = trees.find_lab(sys.argv[1])
-    rows = {}
+    rows, variants = {}, {}
     specs = []
     for arg in sys.argv[2:]:  # @FILE: one variant spec per line
         specs += Path(arg[1:]).read_text().splitlines() if arg.startswith("@") else [arg]
@@ -31,14 +43,22 @@ def main() -> None:
         for edit in rest.split("|") if rest != "::" else []:
             file, old, new = edit.split(":", 2)
             edits.append((file, old.replace("\\n", "\n"), new.replace("\\n", "\n")))
-        tree = plant(lab, trees.BUILD / "variants" / lab.name / name, edits)
+        variants[name] = plant(lab, trees.BUILD / "variants" / lab.name / name, edits)
+    builds = {name: subprocess.Popen([str(ROOT / "course"), "build", lab.number, "--impl", str(tree)], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for name, tree in variants.items()}
+    for name, build in builds.items():
+        log = build.communicate()[0]
+        print(f"{name}: build rc={build.returncode} {log.strip().splitlines()[-1] if log.strip() else ''}", flush=True)
+    for name, tree in variants.items():
         out = tree / "bench.json"
         run = subprocess.run([str(ROOT / "course"), "bench", lab.number, "--impl", str(tree), "--json", str(out)],
                              cwd=ROOT, capture_output=True, text=True)
         if not out.exists():
-            print(f"{name}: failed\n{run.stdout[-1500:]}")
+            print(f"{name}: failed\n{run.stdout[-1500:]}", flush=True)
             continue
         rows[name] = {c["name"]: (c["ratio"], c.get("pct_of_copy")) for c in json.loads(out.read_text())["cases"]}
+        print(f"{name}: " + "; ".join(f"{case} {ratio:.3f}x" for case, (ratio, _) in rows[name].items()), flush=True)
     cases = sorted({case for r in rows.values() for case in r})
     for case in cases:
         print(case)
