@@ -109,7 +109,9 @@ int resident_blocks_per_sm(PerDeviceCache& cache, Kernel kernel, int threads_per
 
 // Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current GPU (past 48 KiB a
 // kernel must opt in), asking the driver once per kernel and GPU; `carveout` (e.g.
-// cudaSharedmemCarveoutMaxShared) also sets the kernel's preferred shared memory carveout.
+// cudaSharedmemCarveoutMaxShared) also sets the kernel's preferred shared memory carveout. Where the
+// GPU lets a block have less (sm_75: 64 KiB), it throws "<what>: a block needs ..." instead of
+// letting the launch fail with cudaErrorInvalidValue.
 //
 // Why this memo is keyed by the kernel's address and is not a `static PerDeviceCache` beside the
 // launcher, as a value is: a static local of a template or inline function is ONE object in the
@@ -120,7 +122,7 @@ int resident_blocks_per_sm(PerDeviceCache& cache, Kernel kernel, int threads_per
 // function in a different library, had opted in, and the launch failed with cudaErrorInvalidValue
 // (2026-11-26, an H100). A cached value (an attribute, an occupancy) of the same code is the same in
 // every library; a side effect on one library's kernel is not.
-inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, int carveout) {
+inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, const char* what, int carveout) {
   struct Done {
     const void* kernel;
     int device;
@@ -133,6 +135,13 @@ inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, int ca
   for (const Done& d : done) {
     if (d.kernel == kernel && d.device == device && d.bytes >= bytes) return;
   }
+  int limit = 0;
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)", __FILE__, __LINE__);
+  if (bytes > static_cast<size_t>(limit)) {
+    throw std::runtime_error(std::string(what) + ": a block needs " + std::to_string(bytes) +
+                             " bytes of shared memory; this GPU allows " + std::to_string(limit));
+  }
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
              "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", __FILE__, __LINE__);
   if (carveout >= 0) {
@@ -143,8 +152,8 @@ inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, int ca
 }
 
 template <typename Kernel>
-void opt_in_dynamic_shared(Kernel kernel, size_t bytes, int carveout = -1) {
-  opt_in_dynamic_shared_bytes(reinterpret_cast<const void*>(kernel), bytes, carveout);
+void opt_in_dynamic_shared(Kernel kernel, size_t bytes, const char* what, int carveout = -1) {
+  opt_in_dynamic_shared_bytes(reinterpret_cast<const void*>(kernel), bytes, what, carveout);
 }
 
 }  // namespace course

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 1a9d20d2f7b5].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash d2237d2a824b].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -94,9 +94,10 @@ static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRe
 // --8<-- [start:hopper_backward_release]
 // Every consumer thread arrives on a stage's empty barrier, not one lane a warp: each thread reads the stage's L
 // and D rows with ordinary loads, and an mbarrier arrival releases the arriving thread's own accesses only. With
-// one arrival a warp (and __syncwarp before it) racecheck reported each D load against the producer's next bulk
-// copy into the stage (282624 hazards over 56 backward cases); with one a thread, 0. Same time at the block's
-// shape: 1.329 vs 1.332 ms (2026-11-26, an H100, tools/gpu/probe/lab08_hopper_bwd.py).
+// one arrival a warp racecheck reported each D load against the producer's next bulk copy into the stage (15360
+// errors in the quick pass's 2 backward cases; with __syncwarp before it, still 282624 over 56 cases); with one a
+// thread, 0 over the 56. Same time at the block's shape: 1.329 vs 1.332 ms (2026-11-26, an H100,
+// tools/gpu/probe/lab08_hopper_bwd.py).
 constexpr int kEmptyArrivals = kConsumers * kWarpgroupThreads;
 // --8<-- [end:hopper_backward_release]
 // Named barriers (0 is __syncthreads'): the 256 consumer threads; each consumer warpgroup's 128.
@@ -203,6 +204,8 @@ __global__ void __launch_bounds__(kPreprocessThreads)
 }
 
 // ---------------------------------------------------------------- 3. convert (rung 4's)
+// A copy of flash_backward.cu's convert_grad_q_kernel, not a call of it: that one's body is the student's task
+// lab08.8, and this path is the reference's (it must not run a student's unfinished code).
 constexpr int kConvertThreads = 256;
 
 template <typename T>
@@ -552,7 +555,7 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
 
   // 2. The main kernel: tensor maps of q, k, v (their strides) and of grad_o (contiguous).
   const auto kernel = flash_backward_hopper_kernel<T, kHeadDim>;
-  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, "flash_backward (Hopper path)");
   const Strides grad_o_strides{forward.seqlen_q * forward.heads_q * kHeadDim, forward.heads_q * kHeadDim, kHeadDim};
   CUtensorMap maps[4];
   const struct {

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_forward_hopper.cu by `./course labs` [lab-hash 4d20673c183a].
+// Lab skeleton generated from solutions/08-flash-attention/flash_forward_hopper.cu by `./course labs` [lab-hash 183913ad324d].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path (sm_90a): the same forward as flash_forward.cu (same op, same
@@ -471,7 +471,7 @@ template <typename T, int kHeadDim, bool kOverlap>
 void launch_typed(const AttentionParams& p, ElementType type, cudaStream_t stream) {
   using Config = HopperTiles<kHeadDim>;
   const auto kernel = flash_forward_hopper_kernel<T, kHeadDim, kOverlap>;
-  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, "flash_forward (Hopper path)");
   CUtensorMap maps[3];
   const struct {
     const void* data;

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_fp32.cu by `./course labs` [lab-hash a9003e9ed6b4].
+// Lab skeleton generated from solutions/08-flash-attention/flash_fp32.cu by `./course labs` [lab-hash 1f49495f423d].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, rung 2: flash attention forward in float32 on the CUDA cores. The naive rung's three
@@ -343,7 +343,7 @@ template <int kHeadDim>
 void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   using Tiles = Fp32Tiles<kHeadDim>;
   const auto kernel = flash_fp32_kernel<kHeadDim>;
-  course::opt_in_dynamic_shared(kernel, Tiles::kSharedBytes);  // above 48 KiB (D = 128): once per kernel and GPU
+  course::opt_in_dynamic_shared(kernel, Tiles::kSharedBytes, "flash_forward_fp32 at this head_dim");  // D 128
   const int64_t query_blocks = course::ceil_div<int64_t>(p.seqlen_q, kBlockM);
   const int64_t work_items = query_blocks * p.batch * p.heads_q;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(work_items, INT32_MAX));

@@ -410,7 +410,7 @@ int64_t on_chip_forward_row() {
     const size_t bytes = on_chip_shared_bytes<T, kElems>(longest);
     // Past 48 KiB a kernel must ask for its dynamic shared memory: here, to ask the occupancy question; the
     // launch asks again (course::opt_in_dynamic_shared: this cached value may be another library's).
-    course::opt_in_dynamic_shared(kernel, bytes);
+    course::opt_in_dynamic_shared(kernel, bytes, "softmax (on-chip rows)");
     int blocks = 0;
     COURSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kOnChipThreads, bytes));
     return blocks > 0 ? static_cast<int>(longest) : 0;
@@ -507,7 +507,8 @@ void launch_softmax_forward(const T* x, T* y, int64_t rows, int64_t n, RowPath p
       });
     } else if (path != RowPath::kStreaming && use_on_chip(path, n, softmax_on_chip_row<T>(false))) {
       if constexpr (kOnChipForward<T>) {  // else softmax_on_chip_row is 0, and use_on_chip false or a throw
-        course::opt_in_dynamic_shared(softmax_on_chip_kernel<T, kElems>, on_chip_shared_bytes<T, kElems>(n));
+        course::opt_in_dynamic_shared(softmax_on_chip_kernel<T, kElems>, on_chip_shared_bytes<T, kElems>(n),
+                                      "softmax (on-chip rows)");
         softmax_on_chip_kernel<T, kElems>
             <<<stream_blocks(rows), kOnChipThreads, on_chip_shared_bytes<T, kElems>(n), stream>>>(x, y, rows, n);
         COURSE_CHECK_LAUNCH();

@@ -889,19 +889,6 @@ __global__ void __launch_bounds__(kDqPassThreads)
 }
 // --8<-- [end:dq_pass]
 
-// Opt in to `bytes` of dynamic shared memory for `kernel` on the current GPU (above 48 KiB a kernel must;
-// once per kernel and GPU), with a clear error where the GPU has less.
-template <typename Kernel>
-void opt_in_shared(Kernel kernel, int bytes, int head_dim) {
-  const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  if (limit < bytes) {
-    throw std::runtime_error("flash_backward: head_dim " + std::to_string(head_dim) + " needs " +
-                             std::to_string(bytes) + " bytes of shared memory a block; this GPU allows " +
-                             std::to_string(limit));
-  }
-  course::opt_in_dynamic_shared(kernel, bytes);
-}
-
 template <typename T, int kHeadDim>
 void launch_typed(const AttentionBackwardParams& params, cudaStream_t stream) {
   const AttentionParams& forward = params.forward;
@@ -924,7 +911,7 @@ void launch_typed(const AttentionBackwardParams& params, cudaStream_t stream) {
   if (blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_backward: too many key blocks");
   const auto kernel =
       deterministic ? flash_backward_kernel<T, kHeadDim, false> : flash_backward_kernel<T, kHeadDim, true>;
-  opt_in_shared(kernel, Tiles<kHeadDim>::kSharedBytes, kHeadDim);
+  course::opt_in_dynamic_shared(kernel, Tiles<kHeadDim>::kSharedBytes, "flash_backward at this head_dim");
   kernel<<<static_cast<unsigned>(blocks), kThreads, Tiles<kHeadDim>::kSharedBytes, stream>>>(params,
                                                                                              forward.scale * kLog2e);
   COURSE_CHECK_LAUNCH();
@@ -935,7 +922,8 @@ void launch_typed(const AttentionBackwardParams& params, cudaStream_t stream) {
         course::ceil_div<int64_t>(forward.seqlen_q, kDqPassBlockM) * forward.batch * forward.heads_q;
     if (dq_blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_backward: too many query blocks");
     const auto dq_kernel = flash_backward_dq_kernel<T, kHeadDim>;
-    opt_in_shared(dq_kernel, DqPassTiles<kHeadDim>::kSharedBytes, kHeadDim);
+    course::opt_in_dynamic_shared(dq_kernel, DqPassTiles<kHeadDim>::kSharedBytes,
+                                  "flash_backward's deterministic dQ pass at this head_dim");
     dq_kernel<<<static_cast<unsigned>(dq_blocks), kDqPassThreads, DqPassTiles<kHeadDim>::kSharedBytes, stream>>>(
         params, forward.scale * kLog2e);
     COURSE_CHECK_LAUNCH();

@@ -499,16 +499,11 @@ template <typename T, int kHeadDim>
 void launch_typed(const AttentionParams& p, cudaStream_t stream) {
   using Config = Tiles<kHeadDim>;
   const auto kernel = flash_forward_kernel<T, kHeadDim>;
-  const int limit = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  if (limit < Config::kSharedBytes) {
-    throw std::runtime_error("flash_forward: head_dim " + std::to_string(kHeadDim) + " needs " +
-                             std::to_string(Config::kSharedBytes) +
-                             " bytes of shared memory a block; this GPU allows " + std::to_string(limit));
-  }
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per kernel and GPU. The carveout asks for
   // the most shared memory (and the least L1) the SM can give: the data here goes through shared memory, and
   // cp.async.cg bypasses L1, so resident blocks matter more than L1.
-  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, cudaSharedmemCarveoutMaxShared);
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, "flash_forward at this head_dim",
+                                cudaSharedmemCarveoutMaxShared);
   const int64_t query_blocks = course::ceil_div<int64_t>(p.seqlen_q, kBlockM);
   const int64_t blocks = query_blocks * p.batch * p.heads_q;
   if (blocks > std::numeric_limits<int>::max()) throw std::runtime_error("flash_forward: too many query blocks");

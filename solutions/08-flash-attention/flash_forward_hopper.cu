@@ -468,7 +468,7 @@ template <typename T, int kHeadDim, bool kOverlap>
 void launch_typed(const AttentionParams& p, ElementType type, cudaStream_t stream) {
   using Config = HopperTiles<kHeadDim>;
   const auto kernel = flash_forward_hopper_kernel<T, kHeadDim, kOverlap>;
-  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes);
+  course::opt_in_dynamic_shared(kernel, Config::kSharedBytes, "flash_forward (Hopper path)");
   CUtensorMap maps[3];
   const struct {
     const void* data;

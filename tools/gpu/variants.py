@@ -2,11 +2,16 @@
 
     python3 tools/gpu/variants.py 02 'rows4:transpose.cu:kBlockRows = 8;:kBlockRows = 4;' ...
 
+    python3 tools/gpu/variants.py 08 --run 'python3 tools/gpu/probe/lab08_hopper_bwd.py --quick --impl {tree}' @F
+
 Each variant is NAME:FILE:OLD:NEW (or @FILE with one such spec per line) (OLD must occur once in FILE; '\\n' allowed);
 several edits for one variant are joined with '|'. Each variant is built as a submission and
 benchmarked with `./course bench`; a table of every perf case's ratio ends the output. The builds run first, all at
 once (CPU work: a lab's variants build in the time of one), then the benches one after another (timings never
 overlap); each variant's ratios are printed as its bench ends, so a call stopped at its deadline keeps what it timed.
+With --run CMD, CMD runs for each variant in turn instead of the bench ({tree}: the variant's folder; base first),
+and its output's last 30 lines are printed: a probe that times one kernel in seconds where the lab's bench takes
+a minute.
 """
 from __future__ import annotations
 
@@ -33,9 +38,13 @@ def spec_line(name: str, edits) -> str:
 
 def main() -> None:
     lab = trees.find_lab(sys.argv[1])
+    args = sys.argv[2:]
+    command = None
+    if args[:1] == ["--run"]:
+        command, args = args[1], args[2:]
     rows, variants = {}, {}
     specs = []
-    for arg in sys.argv[2:]:  # @FILE: one variant spec per line
+    for arg in args:  # @FILE: one variant spec per line
         specs += Path(arg[1:]).read_text().splitlines() if arg.startswith("@") else [arg]
     for spec in ["base:::"] + [s for s in specs if s.strip() and not s.startswith("#")]:
         name, _, rest = spec.partition(":")
@@ -50,6 +59,13 @@ def main() -> None:
     for name, build in builds.items():
         log = build.communicate()[0]
         print(f"{name}: build rc={build.returncode} {log.strip().splitlines()[-1] if log.strip() else ''}", flush=True)
+    if command:
+        for name, tree in variants.items():
+            run = subprocess.run(command.replace("{tree}", str(tree)), shell=True, cwd=ROOT, capture_output=True,
+                                 text=True)
+            tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-30:])
+            print(f"== {name} (rc={run.returncode})\n{tail}", flush=True)
+        return
     for name, tree in variants.items():
         out = tree / "bench.json"
         run = subprocess.run([str(ROOT / "course"), "bench", lab.number, "--impl", str(tree), "--json", str(out)],
