@@ -10,7 +10,10 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -396,38 +399,73 @@ def test_sanitizer_merges_a_tools_shards():
     assert sanitizer.merge_shards(rows[:1]) is rows[0]
 
 
-# ---------------------------------------------------------------- the notebook beside the quick sanitizer pass
+# ---------------------------------------------------------------- the notebook beside the graded run
 def _cli():
     import cli  # tools/course, on sys.path above; imported here, where its tests need it
 
     return cli
 
 
-@pytest.mark.parametrize("due", [True, False])
-def test_grade_runs_the_notebook_beside_the_quick_pass(monkeypatch, due):
-    """Where the quick pass is due, the graded run leaves the notebook out and a second run takes it, with the same
-    seed, while the pass runs; its test joins the lab's result. Otherwise one run takes every test."""
+@pytest.mark.parametrize("gpu", [True, False])
+def test_grade_runs_the_notebook_beside_the_graded_run(monkeypatch, gpu):
+    """On a GPU the graded run leaves the notebook out and a second run takes it at the same time, with the same
+    seed; the graded run is told the file that is held until the notebook's run ends (its timed cases wait for it),
+    and the file is gone when grade_lab returns. The notebook's test joins the lab's result, then the sanitizer pass
+    runs. Without a GPU one run takes every test."""
     cli = _cli()
-    runs, passes = [], []
+    runs, passes, held = [], [], []
 
     def fake_run(python, files, impl, label, **kw):
         runs.append((label, kw.get("keywords"), kw.get("seed")))
+        side_work = (kw.get("extra_env") or {}).get(trees.SIDE_WORK_ENV)
+        if side_work:
+            held.append(Path(side_work))
         name = cli.NOTEBOOK_TEST if kw.get("keywords") == cli.NOTEBOOK_TEST else "test_op"
         return {"tests": [{"name": name, "outcome": "passed", "tasks": ["lab00.1"], "kind": "student"}],
-                "seed": 1234, "returncode": 0, "log": f"{label}.log"}
+                "seed": kw.get("seed") or 1234, "returncode": 0, "log": f"{label}.log"}
 
     monkeypatch.setattr(cli, "run_lab_tests", fake_run)
-    monkeypatch.setattr(cli.sanitizer, "quick_pass_due", lambda args: due)
-    monkeypatch.setattr(cli.sanitizer, "run_as_asked", lambda *a, **k: passes.append(a[3].name))
-    args = types.SimpleNamespace(verbose=False, deadline=60, seed=None)
+    monkeypatch.setattr(cli.runner, "gpu_visible", lambda: gpu)
+    monkeypatch.setattr(cli.sanitizer, "run_as_asked",
+                        lambda *a, **k: passes.append([t["name"] for t in a[2]["tests"]]))
+    args = types.SimpleNamespace(verbose=False, deadline=60, seed=77)
     result = cli.grade_lab(args, sys.executable, trees.find_lab("00"), "solutions")
-    assert passes == ["00-first-kernel"]
-    if due:
-        assert runs == [("00-first-kernel", f"not {cli.NOTEBOOK_TEST}", None),
-                        ("00-first-kernel-notebook", cli.NOTEBOOK_TEST, 1234)]
+    if gpu:
+        assert sorted(runs) == [("00-first-kernel", f"not {cli.NOTEBOOK_TEST}", 77),
+                                ("00-first-kernel-notebook", cli.NOTEBOOK_TEST, 77)]
         assert [t["name"] for t in result["tests"]] == ["test_op", cli.NOTEBOOK_TEST]
+        assert passes == [["test_op", cli.NOTEBOOK_TEST]]
+        assert len(held) == 1 and not held[0].exists()
     else:
-        assert runs == [("00-first-kernel", None, None)]
+        assert runs == [("00-first-kernel", None, 77)] and passes == [["test_op"]] and not held
+
+
+def test_timed_cases_wait_for_the_side_work_and_run_last(tmp_path):
+    """With the side-work file named, pytest takes the perf case after the others, and starts it only once the
+    file is gone (here a thread of the test's own removes it after 1 s); without it, the file's order."""
+    test_file = tmp_path / "test_order.py"
+    test_file.write_text(
+        "import os, time\nimport pytest\n"
+        "@pytest.mark.perf\ndef test_timed():\n"
+        "    print('TIMED', time.time(), os.path.exists(os.environ.get('COURSE_SIDE_WORK', '/nonexistent')))\n"
+        "def test_plain():\n    print('PLAIN', time.time())\n")
+    busy = tmp_path / "busy"
+
+    def order(env_extra: dict) -> list[str]:
+        # tests/conftest.py as a plugin: the file is outside tests/, where pytest would find the conftest itself
+        run = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q", "-s", "-p", "no:cacheprovider",
+                              "-p", "conftest", "--rootdir", str(tmp_path)], capture_output=True, text=True,
+                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(trees.TESTS), **env_extra})
+        return re.findall(r"(?:TIMED|PLAIN) \S+(?: \S+)?", run.stdout)  # -q's dots share the lines
+
+    assert [line.split()[0] for line in order({})] == ["TIMED", "PLAIN"]
+    busy.write_text("held")
+    threading.Timer(1.0, busy.unlink).start()
+    started = time.time()
+    lines = order({trees.SIDE_WORK_ENV: str(busy)})
+    assert [line.split()[0] for line in lines] == ["PLAIN", "TIMED"]
+    timed = lines[1].split()
+    assert timed[2] == "False" and float(timed[1]) >= started + 1.0
 
 
 def test_a_notebook_run_that_died_fails_the_notebook_test_only():

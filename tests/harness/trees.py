@@ -36,6 +36,9 @@ DEFAULT_IMPL = "solutions"
 # grading process in this variable; printed with every result so a run can be reproduced.
 SEED_ENV = "COURSE_SEED"
 SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selected tests (tests/conftest.py)
+# A file `./course grade` holds while the lab's notebook runs beside the graded run: that run takes its timed
+# (perf, large) cases last and starts them once the file is gone (tests/conftest.py), so no timing shares the GPU.
+SIDE_WORK_ENV = "COURSE_SIDE_WORK"
 LAB_DIR_PATTERN = re.compile(r"^(\d\d)-([a-z0-9-]+)$")
 # CUDA and C++ sources and headers: their comments (and so their solution markers) start with //.
 CXX_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
