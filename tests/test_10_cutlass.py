@@ -286,7 +286,7 @@ def lesson05():
 
 # name -> (baseline on x, weight, bias; what the case name calls it; student bar; reference target)
 BASELINES = {
-    "torch.matmul (cuBLAS)": (lambda x, w, b: torch.matmul(x, w.t()), "the GEMM alone", 0.8, 0.95),
+    "torch.matmul (cuBLAS)": (lambda x, w, b: torch.matmul(x, w.t()), "the GEMM alone", 0.8, 0.93),
     "gelu(addmm)": (lambda x, w, b: F.gelu(torch.addmm(b, x, w.t()), approximate="tanh"), "cuBLAS + separate GELU",
                     0.85, 1.0),
     "lesson 05 linear_act_wgmma": (lambda x, w, b: lesson05().linear_act_wgmma(x, w, b, "gelu"),
