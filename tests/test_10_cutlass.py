@@ -266,11 +266,14 @@ def test_refused_clearly_elsewhere():
 
 
 # ---------------------------------------------------------------- GPU: speed
-# 4096^3 bf16: 137 GFLOP against 3 * 32 MB of operands, compute-bound (lesson 05). The bars are issue 18's:
-# >= 0.95x cuBLAS's GEMM alone and >= 1.0x gelu(addmm) for the reference; against lesson 05's own Hopper kernel
-# (linear_act_wgmma, built from solutions/05), >= 1.0x. PROVISIONAL: nothing here has been timed yet (no GPU run
-# of this lab on 2026-11-26); the student bars sit under the targets until a run says where the untouched
-# lab10.2 shapes (128 x 128 tile, no cluster) land.
+# 4096^3 bf16: 137 GFLOP against 3 * 32 MB of operands, compute-bound (lesson 05). Issue 18's bars: >= 0.95x
+# cuBLAS's GEMM alone and >= 1.0x gelu(addmm) for the reference; against lesson 05's own Hopper kernel
+# (linear_act_wgmma, built from solutions/05), >= 1.0x. Measured on an H100 80GB HBM3 (2026-11-26,
+# `./course test 10`, `./course bench 10`, tools/gpu/variants.py): the reference 0.95-0.96x the GEMM alone,
+# 1.07-1.08x gelu(addmm), 1.10-1.11x lesson 05's Hopper kernel, 1.97-1.98x its mma.sync kernel. Its GEMM-alone
+# target, 0.93x, is a guard under those runs, not the issue's 0.95. The untouched lab10.2 shapes (128 x 128 tile,
+# 1 x 1 cluster) measured 0.88x the GEMM alone and 1.79x the mma.sync kernel, so the student's GEMM-alone bar,
+# 0.90x, fails them: the task is to beat the given shapes (a 1 x 2 cluster with the reference's tile gave 0.903x).
 PERF_M = PERF_N = PERF_K = 4096
 PERF_FLOPS = 2 * PERF_M * PERF_N * PERF_K
 _lesson05 = {}
@@ -286,7 +289,7 @@ def lesson05():
 
 # name -> (baseline on x, weight, bias; what the case name calls it; student bar; reference target)
 BASELINES = {
-    "torch.matmul (cuBLAS)": (lambda x, w, b: torch.matmul(x, w.t()), "the GEMM alone", 0.8, 0.93),
+    "torch.matmul (cuBLAS)": (lambda x, w, b: torch.matmul(x, w.t()), "the GEMM alone", 0.9, 0.93),
     "gelu(addmm)": (lambda x, w, b: F.gelu(torch.addmm(b, x, w.t()), approximate="tanh"), "cuBLAS + separate GELU",
                     0.85, 1.0),
     "lesson 05 linear_act_wgmma": (lambda x, w, b: lesson05().linear_act_wgmma(x, w, b, "gelu"),
