@@ -96,6 +96,46 @@ def dependency_stubs(lab_dir: str | Path, build_dir: str | Path) -> list[Path]:
     return stubs
 
 
+# A lab that compiles against a header-only library from outside the repository names it, one a line, in this
+# file ('#' starts a comment). Known names: `cutlass` (lab 10: CUTLASS's and CuTe's headers from the pinned
+# nvidia-cutlass wheel, tools/course/cutlass.py, which installs it on first use from .whl/ or PyPI).
+HEADERS_FILE = "headers.txt"
+KNOWN_HEADER_PACKAGES = ("cutlass",)
+
+
+def lab_header_packages(lab_dir: str | Path) -> list[str]:
+    """The names `lab_dir`/headers.txt lists (none without the file); an unknown name is an error."""
+    listing = Path(lab_dir) / HEADERS_FILE
+    if not listing.is_file():
+        return []
+    names = [line.split("#", 1)[0].strip() for line in listing.read_text().splitlines()]
+    names = [name for name in names if name]
+    unknown = [name for name in names if name not in KNOWN_HEADER_PACKAGES]
+    if unknown:
+        raise ValueError(f"{listing} names header packages the course does not know: {', '.join(unknown)} "
+                         f"(known: {', '.join(KNOWN_HEADER_PACKAGES)})")
+    return names
+
+
+def lab_include_paths(lab_dir: str | Path, root: str | Path) -> list[Path]:
+    """The include folders of the packages lab_dir's headers.txt names, installed if missing. tools/course/cutlass.py
+    is loaded by path: it needs only the standard library, so a notebook gets the same folders the grader does."""
+    import importlib.util
+    import sys
+
+    paths: list[Path] = []
+    for name in lab_header_packages(lab_dir):
+        module = sys.modules.get(f"course_{name}")
+        if module is None:
+            script = Path(root) / "tools" / "course" / f"{name}.py"
+            spec = importlib.util.spec_from_file_location(f"course_{name}", script)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[f"course_{name}"] = module
+            spec.loader.exec_module(module)
+        paths.extend(module.include_dirs())
+    return paths
+
+
 def drop_python_rpath() -> None:
     """For a setuptools build of a library that links no libpython (lab 09's wheels): a python built with
     --enable-shared (pyenv's) links extensions with -rpath to its own lib folder, a RUNPATH naming the build
@@ -139,8 +179,9 @@ def load_lab(lab_dir: str | Path, root: str | Path, *, name: str | None = None, 
     (the library's path for an op library, is_op_library: lab 09).
 
     Compiles lab_sources(lab_dir) with CXX_FLAGS / NVCC_FLAGS for ensure_arch_list(), with
-    ROOT/include and the lab folder on the include path, into `build_dir` (the grader's) or
-    notebook_build_dir(). The module is named `labNN_notebook` unless `name` says otherwise.
+    ROOT/include, the lab folder and its headers.txt packages (lab_include_paths) on the include path,
+    into `build_dir` (the grader's) or notebook_build_dir(). The module is named `labNN_notebook` unless
+    `name` says otherwise.
     `ptxas_report` adds PTXAS_REPORT (visible with verbose=True, which prints the compiler's output).
     The grader (harness.build) and the notebooks both build through here, so a notebook the grader
     runs finds the grader's build up to date: same sources, flags and name.
@@ -161,7 +202,7 @@ def load_lab(lab_dir: str | Path, root: str | Path, *, name: str | None = None, 
     return load(
         name=name or notebook_module_name(lab_dir),
         sources=[str(s) for s in sources + dependency_stubs(lab_dir, build_dir)],
-        extra_include_paths=[str(root / "include"), str(lab_dir)],
+        extra_include_paths=[str(root / "include"), str(lab_dir), *map(str, lab_include_paths(lab_dir, root))],
         extra_cflags=list(CXX_FLAGS),
         extra_cuda_cflags=NVCC_FLAGS + (PTXAS_REPORT if ptxas_report else []) + list(extra_cuda_cflags),
         build_directory=str(build_dir),

@@ -124,6 +124,7 @@ def checks(root: Path, trees, env, probe: Probe | None = None) -> list[tuple[str
             results.append(("GPU", False, "no CUDA GPU visible: labs build and CPU checks run, GPU tests are skipped "
                             "(check nvidia-smi; on Colab pick a GPU runtime)"))
     results.append(compile_memory_check(probe))
+    results.append(cutlass_check(root))
     free_gb = probe.free_gb(root)
     results.append(("disk", free_gb >= MIN_FREE_GB, f"{free_gb:.0f} GB free" + (
         "" if free_gb >= MIN_FREE_GB else f": builds need space; delete {trees.BUILD} (rm -rf build/) to reclaim it")))
@@ -196,6 +197,20 @@ def compile_memory_check(probe: Probe) -> tuple[str, bool, str]:
     return ("compile memory", False, f"{free:.1f} GiB free, and a lab build runs up to {parallel} compile jobs at "
             f"once ({rule}) of about {GIB_PER_COMPILE} GiB each: a compiler may be killed ('Killed signal "
             f"terminated program cc1plus'); export MAX_JOBS={fits}")
+
+
+def cutlass_check(root: Path) -> tuple[str, bool, str]:
+    """Lab 10's CUTLASS headers (tools/course/cutlass.py). Not installed yet is no problem: the lab's first build
+    installs them (from .whl/ or PyPI); only a COURSE_CUTLASS_INCLUDE that points at no CUTLASS is."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_cutlass", root / "tools" / "course" / "cutlass.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ok, line = module.check()
+    misconfigured = not ok and "COURSE_CUTLASS_INCLUDE" in line
+    # Measured on a 2-core machine (NOTES of lab 10): its CUTLASS file alone peaks at 3.7 GB, beyond GIB_PER_COMPILE.
+    return ("CUTLASS (lab 10)", not misconfigured, line + "; its kernel file's compile peaks at about 3.7 GB")
 
 
 def main(root: Path, trees, env, remove_locks: bool = False) -> int:

@@ -44,6 +44,9 @@ SANITIZE_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 # input snapshot's cudaMemcpy reported).
 _CUDA_KERNEL = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
 _TRITON_KERNEL = re.compile(r"@triton\.jit[^\n]*\n\s*def\s+(\w+)")
+# A lab whose kernels a library defines (lab 10: CUTLASS launches each through cutlass::device_kernel<Kernel>) names
+# them in a comment of its sources, "// course: library kernel device_kernel", so that they are checked too.
+_LIBRARY_KERNEL = re.compile(r"//\s*course: library kernel (\w+)")
 
 # memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
 # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
@@ -137,8 +140,9 @@ def merge_shards(rows: list[dict]) -> dict:
 
 
 def lab_kernels(lab_number: str, impl: str) -> list[str]:
-    """The names of the kernels a lab's tree defines: its __global__ functions (templates included) and its
-    @triton.jit functions, with those of the labs it compiles (depends.txt); the sanitizer checks these only.
+    """The names of the kernels a lab's tree defines: its __global__ functions (templates included), its
+    @triton.jit functions and the library kernels it names (_LIBRARY_KERNEL), with those of the labs it compiles
+    (depends.txt); the sanitizer checks these only.
     Read from the sources, so a student's extra kernel is checked too. Empty (check everything) if the tree or the
     lab cannot be found."""
     trees = env.load_trees()
@@ -150,7 +154,8 @@ def lab_kernels(lab_number: str, impl: str) -> list[str]:
     names: set[str] = set()
     for path in (p for f in folders for p in sorted(f.iterdir())):
         if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
-            names.update(_CUDA_KERNEL.findall(path.read_text(errors="replace")))
+            text = path.read_text(errors="replace")
+            names.update(_CUDA_KERNEL.findall(text) + _LIBRARY_KERNEL.findall(text))
         elif path.suffix == ".py":
             names.update(_TRITON_KERNEL.findall(path.read_text(errors="replace")))
     return sorted(names)
