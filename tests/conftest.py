@@ -73,11 +73,6 @@ def _alone(item) -> bool:
     return item.get_closest_marker("perf") is not None or item.get_closest_marker("large") is not None
 
 
-# The longest a timed case waits for the grader's side work (the notebook's run, which has a deadline of its own;
-# the grader removes the file when that run ends, however it ends).
-SIDE_WORK_WAIT_S = 900
-
-
 _timing_lock: dict = {}  # "handle": the open lock file, "held": "shared" or "exclusive", until the session ends
 
 
@@ -132,6 +127,11 @@ def _release_timing_lock() -> None:
             return
     _timing_lock.pop("handle").close()
     _timing_lock.clear()
+
+
+# The longest a timed case waits for the grader's side work (the notebook's run, which has a deadline of its own;
+# the grader removes the file when that run ends, however it ends).
+SIDE_WORK_WAIT_S = 900
 
 
 def _wait_for_side_work() -> None:

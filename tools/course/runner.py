@@ -152,10 +152,9 @@ WORK_PHASES = ("startup", "build", "correctness", "sanitizer", "perf")
 
 def process_phases(seconds: float, launched_at: float, ended_at: float, timing: dict) -> dict:
     """One process's startup, build, correctness, perf and GPU-lock wait (perf_wait) seconds (they add up to
-    `seconds`), from the
-    timing file its conftest wrote (tests/harness/timing.py). A build or a perf case still under way when
-    the process ended (killed at its deadline, or dead) counts until then; a process that never finished
-    collecting counts as start-up only."""
+    `seconds`), from the timing file its conftest wrote (tests/harness/timing.py). A build, a perf case or a
+    wait still under way when the process ended (killed at its deadline, or dead) counts until then; a
+    process that never finished collecting counts as start-up only."""
     def since(key: str) -> float:
         return max(ended_at - timing[key], 0.0) if timing.get(key) else 0.0
 
@@ -465,12 +464,13 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
     perf_workers = workers
     saved_lock_env = os.environ.get(trees.TIMING_LOCK_ENV)
 
-    def alone_run(job: Job, first: dict, plan: str, extra_env: dict) -> tuple[Job, dict]:
+    def alone_run(job: Job, first: dict, plan: str, extra_env: dict) -> tuple[Job, dict, None]:
+        """A job's second run; returns as first_phase does, with nothing left to plan."""
         say(f"[course] {perf_progress.started(job)} {job.student} {job.lab}: "
             + ("all its tests again" if plan == "whole" else "its perf and large cases") + " ...")
         result = second(job, first, plan == "whole", extra_env)
         perf_progress.ended(job, result)
-        return job, result
+        return job, result, None
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
     perf_pool = concurrent.futures.ThreadPoolExecutor(max_workers=perf_workers) if overlap else None
@@ -488,13 +488,13 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
             progress.tick()
             perf_progress.tick()
             for future in finished:
-                job, result, *plan = future.result()
+                job, result, plan = future.result()
                 results[job] = result
-                if plan and plan[0] and perf_pool:
+                if plan and perf_pool:
                     perf_progress.planned()
-                    pending.add(perf_pool.submit(alone_run, job, result, plan[0], exclusive))
-                elif plan and plan[0]:
-                    later.append((job, result, plan[0]))
+                    pending.add(perf_pool.submit(alone_run, job, result, plan, exclusive))
+                elif plan:
+                    later.append((job, result, plan))
         if later:  # one worker: one run at a time, as before --jobs
             say(f"[course] the perf and large cases of {len(later)} run(s), one at a time (nothing else runs "
                 "beside a timing)")
@@ -502,7 +502,7 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
             later.sort(key=lambda item: order[item[0]])
             for job, first, plan in later:
                 perf_progress.planned()
-                results[job] = alone_run(job, first, plan, {})[1]
+                _, results[job], _ = alone_run(job, first, plan, {})
     except BaseException:
         stopping.set()
         for executor in (pool, perf_pool):

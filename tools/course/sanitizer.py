@@ -195,12 +195,6 @@ def findings_of(log_text: str) -> list[str]:
     return findings
 
 
-def quick_pass_due(args) -> bool:
-    """Whether run_as_asked will run the quick pass (not --sanitize's full one, not --no-sanitize, a GPU here)."""
-    return (not getattr(args, "sanitize", False) and getattr(args, "quick_sanitize", False)
-            and sanitizer_available())
-
-
 def run_as_asked(args, python: str, result: dict, lab, impl: str, *, label_prefix: str = "",
                  quiet: bool = False) -> None:
     """`grade --sanitize`: the four tools over every correctness case. `grade` on a GPU, unless
