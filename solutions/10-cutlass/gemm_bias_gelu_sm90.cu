@@ -75,8 +75,8 @@ constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 // elements for 128 x 256 x 64 multiply-adds, 85 per element loaded against 64 for a 128 x 128 tile. A cluster
 // of 2 blocks along M shares each weight tile through TMA multicast, halving the weight's loads from L2.
 // Measured against the others at 4096^3 on an H100 (tools/gpu/variants.py, GEMM alone = 1): this 0.942-0.944x;
-// the same tile with a 1 x 2 cluster 0.903x; pingpong 128 x 128 0.856x and 64 x 256 0.797x (their smaller
-// tiles load more bytes per multiply-add than the overlap of their epilogues wins back).
+// the same tile with a 1 x 2 cluster 0.903x; pingpong 128 x 128 0.856x and 64 x 256 0.797x (64 and 51
+// multiply-adds per element loaded; whether that is what they lose to was not profiled).
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 // SOLUTION STUB
@@ -197,9 +197,9 @@ typename Gemm::Arguments make_arguments(const void* x, const void* weight, const
   // SOLUTION END
   // --8<-- [end:evt_arguments]
   // The persistent scheduler hands each block its next tile in groups of 8 along the rasterized dimension instead of
-  // walking a whole row of tiles: the tiles in flight at once share fewer A and B panels, which L2 then holds (each
-  // wave of 132 tiles touches about 34 MB of the inputs instead of 42). 0.954x the GEMM alone against 0.942-0.944x
-  // without (H100, tools/gpu/variants.py, two runs).
+  // walking a whole row of tiles, meant to let the tiles in flight at once share more A and B panels in L2 (its
+  // hit rate was not measured). 0.954x the GEMM alone against 0.942-0.944x without (H100, tools/gpu/variants.py,
+  // two runs).
   arguments.scheduler.max_swizzle_size = 8;
   arguments.hw_info.device_id = course::current_device();
   arguments.hw_info.sm_count = course::device_attribute(cudaDevAttrMultiProcessorCount);
