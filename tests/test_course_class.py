@@ -151,10 +151,12 @@ def test_every_run_reports_where_its_time_went(graded):
                     (name, student, phases, result["seconds"])
                 assert phases["startup"] > 0 and phases["build"] > 0, (name, student, phases)
     whole = json.loads((root / "all.json").read_text())
-    # carol, who did not build, waited for no GPU; alice's perf run, started as her correctness run ended, waited
-    # for the GPU while carol's and dave's correctness runs held it
+    # carol, who did not build, waited for no GPU: her second run follows at once, in the pool. How long the others'
+    # perf runs wait for the lock depends on which correctness runs still hold it when each asks (a race between
+    # the runs: alice's measured 0.2 s once and more than 1 s before); that the lock keeps a timing apart from
+    # every other run's tests is test_course_tooling.py's test_the_timing_lock_keeps_two_runs_tests_apart.
     assert whole["carol"][0]["build_failed"] and not whole["alice"][0]["build_failed"]
-    assert whole["carol"][0]["phases"]["perf_wait"] < 1.0 <= whole["alice"][0]["phases"]["perf_wait"]
+    assert whole["carol"][0]["phases"]["perf_wait"] < 1.0
     for run in ("whole", 1, 2):
         line = [li for li in graded["runs"][run].stdout.splitlines() if li.startswith("[course] time over ")]
         assert len(line) == 1 and "s of work in" in line[0] and "perf wait" in line[0], graded["runs"][run].stdout
