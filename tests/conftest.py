@@ -64,7 +64,9 @@ def pytest_runtest_protocol(item, nextitem):
     if alone:
         _wait_for_side_work()
         timing.alone_started()
+    timing.test_started(item.nodeid)  # after the waits: the parent's --test-deadline counts the test alone
     yield
+    timing.test_ended()
     if alone:
         timing.alone_ended()
 

@@ -228,6 +228,28 @@ def test_a_run_killed_at_its_deadline_leaves_no_process_of_it_behind(tmp_path):
     assert result["phases"]["build"] > 0.5, result["phases"]
 
 
+def test_the_per_test_deadline_kills_a_hang_early_and_spares_builds(tmp_path):
+    """--test-deadline: a run whose current test (its timing file's "test_since") has gone on longer than that,
+    its builds not counted, is killed then, named by its test; a test that is building is not."""
+    timing_file = trees.LOGS / "test-deadline-probe.timing.json"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho '{{\"collected_at\": '$(date +%s)', \"test\": \"tests/t.py::test_spin\", "
+                    f"\"test_since\": '$(date +%s)', \"build_s\": 0.0, \"test_build_s\": 0.0}}' > {timing_file}\n"
+                    "sleep 300\n")
+    fake.chmod(0o755)
+    started = time.monotonic()
+    result = runner.run_pytest(str(fake), [], impl="labs", label="test-deadline-probe", lab_number="00",
+                               verbose=False, deadline_s=60, quiet=True, test_deadline_s=1.5)
+    assert time.monotonic() - started < 15, "the per-test deadline did not kill the run early"
+    assert "test_spin ran for more than 1.5 s" in result["error"] and "hangs" in result["error"], result["error"]
+    fake.write_text(f"#!/bin/sh\necho '{{\"collected_at\": '$(date +%s)', \"test\": \"tests/t.py::test_big\", "
+                    f"\"test_since\": '$(date +%s)', \"build_since\": '$(date +%s)'}}' > {timing_file}\n"
+                    "sleep 300\n")
+    result = runner.run_pytest(str(fake), [], impl="labs", label="test-deadline-probe", lab_number="00",
+                               verbose=False, deadline_s=4, quiet=True, test_deadline_s=1.5)
+    assert "while it was still building" in result["error"], result["error"]
+
+
 def test_merge_refuses_overlapping_or_incomplete_shards(graded, tmp_path):
     root = graded["root"]
     twice = course("report", "merge", str(root / "shard-1.json"), str(root / "shard-1.json"), "-o",

@@ -23,6 +23,9 @@ STATE: dict = {
     "lock_wait_s": 0.0,  # seconds waiting for trees.TIMING_LOCK_ENV's lock (another run had the GPU)...
     "lock_wait_since": None,  # ...and a wait under way since then (the parent's deadline does not count waits)
     "lock_wait_in_startup": False,  # the wait came before collection ended (a shared lock, taken at session start)
+    "test": None,  # the test under way (its node id)...
+    "test_since": None,  # ...since then...
+    "test_build_s": 0.0,  # ...when build_s was this: the parent's --test-deadline counts the test, not its builds
 }
 _path: list[Path] = []
 
@@ -88,4 +91,14 @@ def lock_wait_ended() -> None:
         STATE["lock_wait_s"] += time.time() - STATE["lock_wait_since"]
         STATE["lock_wait_in_startup"] = STATE["collected_at"] is None
     STATE["lock_wait_since"] = None
+    _write()
+
+
+def test_started(nodeid: str) -> None:
+    STATE["test"], STATE["test_since"], STATE["test_build_s"] = nodeid, time.time(), STATE["build_s"]
+    _write()
+
+
+def test_ended() -> None:
+    STATE["test"] = STATE["test_since"] = None
     _write()

@@ -52,11 +52,12 @@ def _impl(arg: str) -> str:
 # ---------------------------------------------------------------- running pytest per lab
 def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verbose: bool, lab=None,
                   markers: str | None = None, keywords: str | None = None, deadline_s: int = DEFAULT_DEADLINE_S,
-                  seed: int | None = None, extra_env: dict | None = None) -> dict:
+                  seed: int | None = None, extra_env: dict | None = None,
+                  test_deadline_s: float | None = None) -> dict:
     args = [*(["-m", markers] if markers else []), *(["-k", keywords] if keywords else [])]
     result = runner.run_pytest(python, files, impl=impl, label=label, lab_number=lab.number if lab else None,
                                verbose=verbose, deadline_s=deadline_s, seed=seed, pytest_args=args or None,
-                               extra_env=extra_env)
+                               extra_env=extra_env, test_deadline_s=test_deadline_s)
     if lab is not None:
         result["lab"] = lab.name
     return result
@@ -74,7 +75,8 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
     """One lab's run, its notebook's run beside it (before its timed cases), then its sanitizer pass."""
     if not (runner.gpu_visible() and NOTEBOOK_TEST in lab.test_file.read_text(errors="replace")):
         result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
-                               deadline_s=args.deadline, seed=args.seed)
+                               deadline_s=args.deadline, seed=args.seed,
+                               test_deadline_s=getattr(args, "test_deadline", None))
         sanitizer.run_as_asked(args, python, result, lab, impl)
         return result
     seed = args.seed if args.seed is not None else trees.seed()
@@ -94,7 +96,8 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
         try:
             result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
                                    keywords=f"not {NOTEBOOK_TEST}", deadline_s=args.deadline, seed=seed,
-                                   extra_env={trees.SIDE_WORK_ENV: str(busy)})
+                                   extra_env={trees.SIDE_WORK_ENV: str(busy)},
+                                   test_deadline_s=getattr(args, "test_deadline", None))
         finally:
             notebook_result = notebook.result()
     if not result.get("error"):  # a run that died or hung reports that alone, as it did with the notebook inside
@@ -254,7 +257,7 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
 
     try:  # SIGTERM arrives as KeyboardInterrupt (run_command); run_class stops its processes before it re-raises
         graded = runner.run_class(python, jobs, workers=workers, deadline_s=args.deadline, alone=alone,
-                                  after=sanitize, say=say)
+                                  after=sanitize, say=say, test_deadline_s=args.test_deadline)
     except KeyboardInterrupt:
         print("\n[course] interrupted: the grading processes it started were stopped; nothing was written", flush=True)
         raise SystemExit(130) from None
@@ -573,6 +576,11 @@ def main(argv=None) -> int:
                    help="seconds before a lab's run is killed as hung")
     p.add_argument("--seed", type=int,
                    help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    p.add_argument("--test-deadline", type=float, default=None, metavar="SECONDS",
+                   help="also kill a run as hung once one of its tests has run this long, its builds not counted "
+                        "(default: off; --deadline alone). A hanging submission then costs its build and this, "
+                        "not the whole --deadline: a class's timings wait for it (nothing is timed beside a kernel "
+                        "that spins)")
     p.add_argument("--sanitize", action="store_true",
                    help="run compute-sanitizer's four tools over every correctness case; findings fail the lab")
     p.add_argument("--no-sanitize", dest="quick_sanitize", action="store_false",

@@ -42,12 +42,17 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
+TEST_CHECK_EVERY_S = 1.0  # how often a run's timing file is read for the per-test deadline
+
+
 def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_number: str | None, verbose: bool,
                deadline_s: int, seed: int | None = None, pytest_args: list[str] | None = None,
-               wrapper: list[str] | None = None, extra_env: dict | None = None, quiet: bool = False) -> dict:
+               wrapper: list[str] | None = None, extra_env: dict | None = None, quiet: bool = False,
+               test_deadline_s: float | None = None) -> dict:
     """pytest over `files` in a child process grading the tree `impl`; returns its results plus
     what happened to the process. Logs and the child's JSON go to build/logs/LABEL.*. `quiet`: no
-    progress lines (a pool of runs prints its own)."""
+    progress lines (a pool of runs prints its own). `test_deadline_s`: the child is killed as hung once one test
+    has run that long (its builds not counted), not only at `deadline_s` for the whole run."""
     trees.LOGS.mkdir(parents=True, exist_ok=True)
     json_path, log_path = trees.LOGS / f"{label}.json", trees.LOGS / f"{label}.log"
     timing_path = json_path.with_name(f"{label}.timing.json")  # tests/harness/timing.py writes it
@@ -71,11 +76,14 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
         next_progress = started + PROGRESS_EVERY_S
         waited = 0.0  # the child's waits for the class's GPU lock (its timing file): the deadline does not count them
+        overrun, next_test_check = None, started + TEST_CHECK_EVERY_S
         while True:
             now = time.perf_counter()
             if now - started - waited > deadline_s:
                 waited = lock_waits(timing_path)
-            if now - started - waited > deadline_s:
+            if test_deadline_s and now > next_test_check:
+                overrun, next_test_check = test_overrun(timing_path, test_deadline_s), now + TEST_CHECK_EVERY_S
+            if now - started - waited > deadline_s or overrun:
                 hung = True
                 # The whole process group: a run killed while it builds leaves no ninja or nvcc behind to hold
                 # cores that the other runs of a class need (process.kill() stopped pytest alone).
@@ -107,7 +115,12 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         timing = json.loads(timing_path.read_text())
     result["phases"] = process_phases(seconds, launched_at, ended_at, timing)
     result["build_failed"] = bool(timing.get("build_failed"))
-    if hung and timing.get("build_since"):  # the deadline counts the build: a slow build is no hang
+    if hung and overrun:
+        result["error"] = (f"killed after {overrun.split('::')[-1]} ran for more than {test_deadline_s:g} s (the "
+                           "per-test deadline, --test-deadline): a kernel probably hangs (an endless loop, or "
+                           "__syncthreads() inside a branch that not every thread of the block takes)"
+                           + trees.sanitize_hint(lab_number, impl, looking_for="a barrier in divergent code"))
+    elif hung and timing.get("build_since"):  # the deadline counts the build: a slow build is no hang
         result["error"] = (f"killed after the {deadline_s} s deadline while it was still building (for "
                            f"{result['phases']['build']:.0f} s): the deadline counts the build; on a busy machine "
                            "(grade --all --jobs N) give a larger --deadline")
@@ -123,6 +136,19 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                            "before finishing; its last output:\n"
                            f"{tail.rstrip()}" + (trees.sanitize_hint(lab_number, impl) if crashed else ""))
     return result
+
+
+def test_overrun(timing_path: Path, test_deadline_s: float) -> str | None:
+    """The node id of a test a running child has been in for more than `test_deadline_s` seconds, its builds not
+    counted (tests/harness/timing.py's file), else None."""
+    try:
+        timing = json.loads(timing_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not timing.get("test_since") or timing.get("build_since"):
+        return None
+    busy = time.time() - timing["test_since"] - (timing.get("build_s", 0.0) - timing.get("test_build_s", 0.0))
+    return timing.get("test") if busy > test_deadline_s else None
 
 
 def lock_waits(timing_path: Path) -> float:
@@ -383,7 +409,8 @@ class _Progress:
 
 
 def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, alone: bool,
-              after: Callable[[Job, dict], None] | None = None, say: Callable[[str], None] = print) -> dict[Job, dict]:
+              after: Callable[[Job, dict], None] | None = None, say: Callable[[str], None] = print,
+              test_deadline_s: float | None = None) -> dict[Job, dict]:
     """Grade every job, `workers` runs at a time; return each job's result as a single run of all its tests gives it.
 
     1. Each job's shared cases (`-m SHARED_MARKERS`: its build and every correctness case) in a pool of
@@ -409,7 +436,8 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
             raise KeyboardInterrupt
         result = run_pytest(python, [job.test_file], impl=job.impl, label=label, lab_number=job.lab_number,
                             verbose=False, deadline_s=deadline_s, seed=job.seed,
-                            pytest_args=["-m", markers] if markers else None, extra_env=extra_env, quiet=True)
+                            pytest_args=["-m", markers] if markers else None, extra_env=extra_env, quiet=True,
+                            test_deadline_s=test_deadline_s)
         if stopping.is_set():  # killed by stop_all: no student's doing, nothing to report
             raise KeyboardInterrupt
         return result

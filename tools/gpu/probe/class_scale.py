@@ -62,13 +62,16 @@ CLASS = {
 # every test, 22-31 s on an H100 for lab 00, so 30 s killed four right ones of a shard (2026-11-26); the hanging one
 # costs the deadline in both runs.
 DEADLINE_S = 60
+# With --test-deadline (`class_scale.py jobs 8 --test-deadline S`, the same for `seq`): one test running S seconds,
+# builds not counted, is a hang. Lab 00's longest test on an H100 was the notebook's, 7-14 s (it builds inside).
 
 
-def grade(submissions: Path, jobs: int, out: Path, shard: str | None = None) -> float:
+def grade(submissions: Path, jobs: int, out: Path, shard: str | None = None, test_deadline: str | None = None) -> float:
     start = time.perf_counter()
     run = subprocess.run([str(ROOT / "course"), "grade", "00", "--all", "--impl", str(submissions), "--no-sanitize",
                           "--deadline", str(DEADLINE_S), "--jobs", str(jobs), "--json", str(out),
-                          *(["--shard", shard] if shard else [])],
+                          *(["--shard", shard] if shard else []),
+                          *(["--test-deadline", test_deadline] if test_deadline else [])],
                          capture_output=True, text=True)
     seconds = time.perf_counter() - start
     print(run.stdout[-1500:], flush=True)
@@ -130,14 +133,15 @@ def main() -> None:
         print(json.dumps(compare(joined(runs[:-1]), runs[-1]), indent=1))
         return
     shard = sys.argv[sys.argv.index("--shard") + 1] if "--shard" in sys.argv else None
-    count = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "--shard" else None
+    test_deadline = sys.argv[sys.argv.index("--test-deadline") + 1] if "--test-deadline" in sys.argv else None
+    count = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else None
     jobs = 1 if sys.argv[1] == "seq" else int(count) if count else min(8, (os.cpu_count() or 2) // 2)
     root = trees.BUILD / "class-scale"
     shutil.rmtree(root, ignore_errors=True)
     for student, (source, edits) in CLASS.items():
         mutants.plant(LAB, root / "class" / student, edits, source=source)
     shutil.rmtree(trees.BUILD / "jit", ignore_errors=True)  # every submission builds from cold
-    seconds = grade(root / "class", jobs, root / "report.json", shard)
+    seconds = grade(root / "class", jobs, root / "report.json", shard, test_deadline)
     result = {"device": subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                                        capture_output=True, text=True).stdout.strip(),
               "cpus": os.cpu_count(), "jobs": jobs, "students": len(CLASS), "seconds": seconds,
@@ -145,7 +149,7 @@ def main() -> None:
     print(f"{len(CLASS)} submissions, --jobs {jobs}: {seconds:.0f} s")
     print(phase_table(result["report"], seconds), flush=True)
     result["breakdown"] = runner.breakdown([r for rs in result["report"].values() for r in rs], seconds)
-    result["shard"] = shard
+    result["shard"], result["test_deadline"] = shard, test_deadline
     name = f"class-{sys.argv[1]}" + (f"-{shard.split('/')[0]}" if shard else "")
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
 
