@@ -60,6 +60,8 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     # The cases a class run gives the GPU alone (runner.ALONE_MARKERS): their time is the perf phase's.
     alone = _alone(item)
+    if alone:
+        _load_lab_before_the_lock(item)
     _hold_timing_lock("test", alone)
     if alone:
         _wait_for_side_work()
@@ -73,6 +75,20 @@ def pytest_runtest_protocol(item, nextitem):
 
 def _alone(item) -> bool:
     return item.get_closest_marker("perf") is not None or item.get_closest_marker("large") is not None
+
+
+def _load_lab_before_the_lock(item) -> None:
+    """A perf run's lab, built or loaded from its cache before the run waits for the GPU alone: 0.3-0.5 s of each of
+    a class's serialized perf runs (lab 00, H100) that the GPU would otherwise spend idle. A build that fails is
+    cached as such and fails the test itself."""
+    if not os.environ.get(trees.TIMING_LOCK_ENV, "").startswith("exclusive:"):
+        return
+    lab = getattr(item.module, "LAB", None)
+    if lab is not None:
+        try:
+            lab.module
+        except Exception:  # noqa: BLE001  (the test reports it, from harness.build's cache)
+            pass
 
 
 _timing_lock: dict = {}  # "handle": the open lock file, "held": "shared" or "exclusive", until the session ends
@@ -105,11 +121,17 @@ def _hold_timing_lock(when: str, alone: bool = False) -> None:
     _timing_lock["held"] = want
 
 
+# What a session may still hold on the GPU and yet let go of the lock before it exits: the next holder's large case
+# asks up to 35 GB (lab 00's past-2^31 case, of an 80 GB H100), so a few GB left until this process exits cannot
+# starve it, while waiting for the exit costs every perf run of a class about 1.4 s in which the GPU is idle.
+RELEASE_RESERVED_MAX = 2 * 2**30
+
+
 def _release_timing_lock() -> None:
     """At the session's end, before the JSON and the interpreter's exit: no kernel of this session runs after it.
-    Only once this process holds no GPU memory, though: the next holder's large case needs it (a skeleton's failed
-    past-2^31 case kept 45 GB alive through its traceback, and the next perf run's cases ran out of memory, H100,
-    2026-11-26). Otherwise the lock goes with the process, when it exits."""
+    Only once this process holds at most RELEASE_RESERVED_MAX of GPU memory, though: the next holder's large case
+    needs it (a skeleton's failed past-2^31 case kept 45 GB alive through its traceback, and the next perf run's cases
+    ran out of memory, H100, 2026-11-26). Otherwise the lock goes with the process, when it exits."""
     if "handle" not in _timing_lock:
         return
     import gc
@@ -117,16 +139,23 @@ def _release_timing_lock() -> None:
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # pytest keeps the last failure's frames
         if hasattr(sys, name):
             setattr(sys, name, None)
+    jit = sys.modules.get("harness.jit")
+    if jit is not None:
+        jit.free_flush_buffers()
     gc.collect()
     torch = sys.modules.get("torch")
+    reserved = 0
     if torch is not None and torch.cuda.is_initialized():
         try:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-            if torch.cuda.memory_reserved() > 0:
-                return
+            reserved = torch.cuda.memory_reserved()
         except RuntimeError:  # a broken CUDA context: its memory goes when the process does
+            timing.lock_released(reserved=-1, kept=True)
             return
+    timing.lock_released(reserved=reserved, kept=reserved > RELEASE_RESERVED_MAX)
+    if reserved > RELEASE_RESERVED_MAX:
+        return
     _timing_lock.pop("handle").close()
     _timing_lock.clear()
 

@@ -118,8 +118,10 @@ def test_axpy(shape, blocks):
     alpha = random.uniform(-3, 3)
     case = f"axpy shape {shape_id(shape)}, fp32, blocks={blocks or 'derived'}"
     out = axpy(alpha, x, y, blocks, case=case)
+    # floor: alpha * x + y cancels where y is near -alpha * x; its rounding error then scales with the terms, not the
+    # sum, and a one-element tensor has no rms to absorb it (a right kernel failed at 1.3e-6 off 0.0157, H100)
     LAB.assert_close(out, alpha * x.double() + y.double(), case=case, tol=tolerance(FP32),
-                     block=constants()["threads_per_block"], hint=GRID_HINT)
+                     block=constants()["threads_per_block"], hint=GRID_HINT, floor=(alpha * x.double()).abs() + y.abs())
 
 
 @requires_gpu

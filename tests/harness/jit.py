@@ -226,6 +226,12 @@ def flush_l2_cache() -> None:
     _flush_buffers[device].zero_()
 
 
+def free_flush_buffers() -> None:
+    """Let the flush buffers go (a session's end): allocated after a larger tensor was freed, one is carved from that
+    tensor's cached segment and keeps all of it reserved (conftest.py's lock release)."""
+    _flush_buffers.clear()
+
+
 def interleaved_median_ms(fns: Sequence[Callable], *, warmup: int = 3, reps: int = 25,
                           flush_l2: bool = True) -> list[float]:
     """Median milliseconds of each callable, timed in turn within each rep (so clock drift hits all).

@@ -26,6 +26,11 @@ STATE: dict = {
     "test": None,  # the test under way (its node id)...
     "test_since": None,  # ...since then...
     "test_build_s": 0.0,  # ...when build_s was this: the parent's --test-deadline counts the test, not its builds
+    # When the GPU lock changed hands, to see what a class run's serialized perf runs spend beside their cases:
+    "lock_acquired_at": None,  # the last wait for the lock ended
+    "alone_ended_at": None,  # the last perf or large case ended
+    "lock_released_at": None,  # the session let go of the lock early (None: it goes at the process's exit)...
+    "lock_release_reserved": None,  # ...with this many bytes reserved by the caching allocator then (-1: unknown)
 }
 _path: list[Path] = []
 
@@ -77,7 +82,7 @@ def alone_started() -> None:
 def alone_ended() -> None:
     if STATE["alone_since"] is not None:
         STATE["alone_s"] += time.time() - STATE["alone_since"] - (STATE["build_s"] - STATE["alone_build_s"])
-    STATE["alone_since"] = None
+    STATE["alone_since"], STATE["alone_ended_at"] = None, time.time()
     _write()
 
 
@@ -90,7 +95,7 @@ def lock_wait_ended() -> None:
     if STATE["lock_wait_since"] is not None:
         STATE["lock_wait_s"] += time.time() - STATE["lock_wait_since"]
         STATE["lock_wait_in_startup"] = STATE["collected_at"] is None
-    STATE["lock_wait_since"] = None
+    STATE["lock_wait_since"], STATE["lock_acquired_at"] = None, time.time()
     _write()
 
 
@@ -101,4 +106,10 @@ def test_started(nodeid: str) -> None:
 
 def test_ended() -> None:
     STATE["test"] = STATE["test_since"] = None
+    _write()
+
+
+def lock_released(reserved: int, kept: bool) -> None:
+    """The session's end: `reserved` bytes still reserved; `kept`: the lock stays until the process exits."""
+    STATE["lock_released_at"], STATE["lock_release_reserved"] = None if kept else time.time(), reserved
     _write()

@@ -212,7 +212,8 @@ def _grade_submissions(args) -> int:
                 queued = time.perf_counter() - class_started
                 results.append(run_lab_tests(python, [lab.test_file], str(submission),
                                              f"{submission.name}-{lab.name}", verbose=args.verbose, lab=lab,
-                                             deadline_s=args.deadline, seed=args.seed))
+                                             deadline_s=args.deadline, seed=args.seed,
+                                             test_deadline_s=args.test_deadline))
                 sanitizer.run_as_asked(args, python, results[-1], lab, str(submission),
                                        label_prefix=f"{submission.name}-{lab.name}-")
                 results[-1]["phases"] = runner.job_phases(results[-1], queued=queued, perf_wait=0.0)
