@@ -60,6 +60,12 @@ TRITON_DTYPES = [FP32, FP16, BF16]  # triton_rms_norm.py leaves float64 to the C
 LARGE = pytest.mark.large  # too big for compute-sanitizer (./course sanitize skips it)
 REDUCTION_HEADROOM = 4.0  # see the docstring
 EPS = 1e-6  # the ops' default eps, as torch.nn.RMSNorm's
+
+# ./course sanitize's full pass leaves out the 16384-row cases: one block (a cluster, for the backward) per row, the
+# same blocks as the 9 x 32 case's, 1800 times over, and racecheck checks hazards inside a block or cluster. Under
+# racecheck each of test_softmax_backward's four 16384x32 on-chip cases ran past 6 minutes unfinished (1027 x 33: 91 s;
+# H100, 2026-11-26, 8 shards); the other tools and the grader itself run them.
+SANITIZE_EXCLUDE = "16384x32"
 # The spec's longest register row (normalization.h, max_register_row<T>(): 256 threads x 128 bytes of the compute
 # type a thread: 8192 elements for float, half and bfloat16, 4096 for double). Used only at collection, to decide
 # which path a parametrized case takes and which task it grades; the tests read the lab's constants() for the rest.
@@ -278,6 +284,22 @@ def same_softmax_backward(grad_y, y):
     return torch._softmax_backward_data(grad_y, y, -1, y.dtype)
 
 
+COLUMN_CHUNK = 128
+
+
+def column_sum(t):
+    """The float64 sum over the rows of a (..., n) tensor, in stages of COLUMN_CHUNK rows. One torch.sum over 16384
+    rows of 1000 columns splits each column over several blocks through a staging buffer, and compute-sanitizer
+    initcheck reported 24556 reads of it as uninitialized (at::native::reduce_kernel, in test_grad_weight_is_bitwise_
+    deterministic[16384x1000-float32-registers]'s reference; H100, 2026-11-26): a report in PyTorch's kernel that
+    the lab's pass must not carry. Short stages keep every column in one block."""
+    n = t.shape[-1]
+    t = t.reshape(-1, n)
+    while t.shape[0] > COLUMN_CHUNK:
+        t = F.pad(t, (0, 0, 0, -t.shape[0] % COLUMN_CHUNK)).view(-1, COLUMN_CHUNK, n).sum(1)
+    return t.sum(0)
+
+
 def golden_rms_norm(x, weight, eps):
     """float64 (y, rstd) of y = x * rsqrt(mean(x^2) + eps) * weight."""
     x64 = x.double()
@@ -290,10 +312,11 @@ def rms_norm_composition(x, weight, eps):
 
 
 def golden_rms_norm_backward(grad_y, x, weight, eps):
-    """float64 autograd of the composition x * rsqrt(mean(x^2) + eps) * weight: (grad_x, grad_weight)."""
+    """float64 (grad_x, grad_weight) of the composition x * rsqrt(mean(x^2) + eps) * weight: grad_x by autograd,
+    grad_weight = the column sums of grad_y x rstd (column_sum: autograd's own is one torch.sum over the rows)."""
     x64 = x.detach().double().requires_grad_()
-    w64 = weight.detach().double().requires_grad_()
-    return torch.autograd.grad(rms_norm_composition(x64, w64, eps), (x64, w64), grad_y.double())
+    (grad_x,) = torch.autograd.grad(rms_norm_composition(x64, weight.detach().double(), eps), (x64,), grad_y.double())
+    return grad_x, column_sum(grad_y.double() * x.double() * golden_rms_norm(x, weight, eps)[1].unsqueeze(-1))
 
 
 def same_rms_norm_backward(grad_y, x, weight, eps):
@@ -391,7 +414,7 @@ def check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, eps, *, case
     term_sizes = (grad_y.double() * x.double() * golden_rms_norm(x, weight, eps)[1].unsqueeze(-1)).abs()
     LAB.assert_close(grad_weight, golden_w, case=f"{case}: grad_weight", tol=grad_weight_tol(x.dtype, rows, n),
                      hint=grad_weight_hint,
-                     floor=term_sizes.reshape(-1, n).sum(0) if rows and x.dtype not in SIXTEEN_BIT else None)
+                     floor=column_sum(term_sizes) if rows and x.dtype not in SIXTEEN_BIT else None)
     if x.dtype in SIXTEEN_BIT:
         same_x, same_w = same_rms_norm_backward(grad_y, x, weight, eps)
         if ill <= 16:
@@ -1327,7 +1350,7 @@ def test_rms_norm_backward_past_2_31_elements(gpu_memory):
     golden = torch.zeros(n, dtype=FP64, device="cuda")
     for start in range(0, rows, 2048):  # float64 in slices of 2048 rows: 512 MiB at a time
         part = slice(start, start + 2048)
-        golden += (grad_y[part].double() * x[part].double() * rstd[part].double().unsqueeze(-1)).sum(0)
+        golden += column_sum(grad_y[part].double() * x[part].double() * rstd[part].double().unsqueeze(-1))
     LAB.assert_close(grad_weight, golden, case=f"{case}: grad_weight", tol=grad_weight_tol(BF16, rows, n),
                      hint=INT64_HINT + "; " + GRAD_WEIGHT_HINT)
 
@@ -1719,7 +1742,7 @@ def check_rms_norm_backward_with_rstd(grad_x, grad_weight, grad_y, x, weight, rs
     g = weight.double() * grad_y.double()
     x64 = x.double()
     golden_x = r * g - r**3 * x64 * (g * x64).mean(-1, keepdim=True)
-    golden_w = (grad_y.double() * x64 * r).reshape(-1, n).sum(0)
+    golden_w = column_sum(grad_y.double() * x64 * r)
     LAB.assert_close(grad_x, golden_x, case=f"{case}: grad_x", tol=row_tol(x.dtype, n), hint=hint)
     LAB.assert_close(grad_weight, golden_w, case=f"{case}: grad_weight", tol=grad_weight_tol(x.dtype, rows_of(x.shape),
                                                                                              n), hint=hint)
