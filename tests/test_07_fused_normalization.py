@@ -50,7 +50,16 @@ import torch.nn.functional as F
 
 import harness
 from harness import notebooks, random_tensor, requires_gpu, tolerance
-from harness.check import check_placement, dtype_name, first_line, nbytes, run_student, shape_id, skip_without_two_gpus
+from harness.check import (
+    check_placement,
+    column_sum,
+    dtype_name,
+    first_line,
+    nbytes,
+    run_student,
+    shape_id,
+    skip_without_two_gpus,
+)
 
 LAB = harness.lab("07")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -282,22 +291,6 @@ def golden_softmax_backward(grad_y, y):
 def same_softmax_backward(grad_y, y):
     """PyTorch's own softmax backward in the inputs' dtype: the flash rule's yardstick."""
     return torch._softmax_backward_data(grad_y, y, -1, y.dtype)
-
-
-COLUMN_CHUNK = 128
-
-
-def column_sum(t):
-    """The float64 sum over the rows of a (..., n) tensor, in stages of COLUMN_CHUNK rows. One torch.sum over 16384
-    rows of 1000 columns splits each column over several blocks through a staging buffer, and compute-sanitizer
-    initcheck reported 24556 reads of it as uninitialized (at::native::reduce_kernel, in test_grad_weight_is_bitwise_
-    deterministic[16384x1000-float32-registers]'s reference; H100, 2026-11-26): a report in PyTorch's kernel that
-    the lab's pass must not carry. Short stages keep every column in one block."""
-    n = t.shape[-1]
-    t = t.reshape(-1, n)
-    while t.shape[0] > COLUMN_CHUNK:
-        t = F.pad(t, (0, 0, 0, -t.shape[0] % COLUMN_CHUNK)).view(-1, COLUMN_CHUNK, n).sum(1)
-    return t.sum(0)
 
 
 def golden_rms_norm(x, weight, eps):

@@ -225,6 +225,15 @@ def test_assert_close_passes_rounding_and_fails_real_error():
         check.assert_close(wrong, ref, case="one bad element", tol=check.tolerance(torch.float32), block=256)
 
 
+@pytest.mark.parametrize("shape", [(0, 5), (1, 3), (127, 4), (128, 4), (129, 4), (16384, 10), (3, 5, 7),
+                                   (2**15 + 3, 2)])
+def test_column_sum_is_the_sum_over_rows(shape):
+    t = torch.randn(shape, dtype=torch.float64)
+    got = check.column_sum(t)
+    want = t.reshape(-1, shape[-1]).sum(0)
+    assert got.shape == (shape[-1],) and torch.allclose(got, want, rtol=1e-12, atol=1e-9)
+
+
 def test_assert_close_rejects_wrong_shape():
     with pytest.raises(check.GradeFailure, match="shape"):
         check.assert_close(torch.zeros(3), torch.zeros(4, dtype=torch.float64), case="shape", tol=1e-6)

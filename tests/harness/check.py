@@ -380,6 +380,23 @@ def check_placement(out, *, shape, like, name, case, dtype=None, hint: str = PLA
         raise GradeFailure(f"{case}: {name} is " + "; ".join(problems) + f"\n  hint: {hint}")
 
 
+# column_sum's stage: rows summed at a time, few enough that PyTorch keeps each column's sum inside one block.
+COLUMN_CHUNK = 128
+
+
+def column_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum over the rows of a (..., n) tensor (a golden's column sums, float64), in stages of COLUMN_CHUNK rows.
+    One torch.sum over 16384 rows of 1000 columns splits each column over several blocks through a staging buffer,
+    and compute-sanitizer initcheck reported 24556 reads of it as uninitialized (at::native::reduce_kernel, in lab
+    07's test_grad_weight_is_bitwise_deterministic[16384x1000-float32-registers] reference; H100, 2026-11-26): a
+    report in PyTorch's kernel that a lab's sanitizer pass must not carry. Short stages keep every column in a block."""
+    n = t.shape[-1]
+    t = t.reshape(-1, n)
+    while t.shape[0] > COLUMN_CHUNK:
+        t = torch.nn.functional.pad(t, (0, 0, 0, -t.shape[0] % COLUMN_CHUNK)).view(-1, COLUMN_CHUNK, n).sum(1)
+    return t.sum(0)
+
+
 def skip_without_two_gpus(what: str) -> None:
     """Skip a test that needs a second GPU (issue 11, class 8: a missing device guard only shows there)."""
     import pytest
