@@ -197,7 +197,7 @@ def check_backward(grad_x, grad_bias, grad_y, x, bias, approximate, *, case, hin
     # (16-bit outputs: their rounding, relative to the result, dominates that, and the flash rule below is the
     # sharp check.)
     wide = rows and x.dtype not in SIXTEEN_BIT
-    floor = (golden_x.abs() + cancellation_floor_backward(grad_y, x, bias)).reshape(-1, cols).sum(0) if wide else None
+    floor = harness.check.column_sum(golden_x.abs() + cancellation_floor_backward(grad_y, x, bias)) if wide else None
     LAB.assert_close(grad_bias, golden_b, case=f"{case}: grad_bias", tol=grad_bias_tol(x.dtype, rows),
                      hint=grad_bias_hint, floor=floor)
     if x.dtype in SIXTEEN_BIT:
@@ -603,7 +603,7 @@ def test_backward_past_2_31_elements(vectorized, gpu_memory):
     golden = torch.zeros(HUGE[1], dtype=FP64, device="cuda")
     for start in range(0, HUGE[0], 2048):  # float64 in slices of 2048 rows: 512 MiB at a time
         rows = slice(start, start + 2048)
-        golden += torch.ops.aten.gelu_backward(grad_y[rows].double(), x[rows].double() + b64).sum(0)
+        golden += harness.check.column_sum(torch.ops.aten.gelu_backward(grad_y[rows].double(), x[rows].double() + b64))
     LAB.assert_close(grad_bias, golden, case=f"{case}: grad_bias", tol=grad_bias_tol(BF16, HUGE[0]),
                      hint=INT64_HINT + "; " + GRAD_BIAS_HINT)
 
