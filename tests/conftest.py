@@ -60,9 +60,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     # The cases a class run gives the GPU alone (runner.ALONE_MARKERS): their time is the perf phase's.
     alone = _alone(item)
-    if alone:
-        _load_lab_before_the_lock(item)
-    _hold_timing_lock("test", alone)
+    _hold_timing_lock("test", alone, item)
     if alone:
         _wait_for_side_work()
         timing.alone_started()
@@ -77,28 +75,15 @@ def _alone(item) -> bool:
     return item.get_closest_marker("perf") is not None or item.get_closest_marker("large") is not None
 
 
-def _load_lab_before_the_lock(item) -> None:
-    """A perf run's lab, built or loaded from its cache before the run waits for the GPU alone: 0.3-0.5 s of each of
-    a class's serialized perf runs (lab 00, H100) that the GPU would otherwise spend idle. A build that fails is
-    cached as such and fails the test itself."""
-    if not os.environ.get(trees.TIMING_LOCK_ENV, "").startswith("exclusive:"):
-        return
-    lab = getattr(item.module, "LAB", None)
-    if lab is not None:
-        try:
-            lab.module
-        except Exception:  # noqa: BLE001  (the test reports it, from harness.build's cache)
-            pass
-
-
 _timing_lock: dict = {}  # "handle": the open lock file, "held": "shared" or "exclusive", until the session ends
 
 
-def _hold_timing_lock(when: str, alone: bool = False) -> None:
+def _hold_timing_lock(when: str, alone: bool = False, item=None) -> None:
     """The class's GPU lock (trees.TIMING_LOCK_ENV, MODE:PATH), kept until the session ends. MODE "shared" (a
     correctness run): shared, from the session's start (`when` "session"). MODE "exclusive" (a perf run, or a run
-    graded again whole): before each test (`when` "test"), shared for a correctness case and exclusive from the
-    first perf or large case on; not exclusive once a kernel broke the CUDA context (no later test runs a kernel)."""
+    graded again whole): before each test (`when` "test", `item`), shared for a correctness case and exclusive from
+    the first perf or large case on; not exclusive once a kernel broke the CUDA context (no later test runs a
+    kernel)."""
     mode, _, path = os.environ.get(trees.TIMING_LOCK_ENV, "").partition(":")
     if not mode or (when == "session") != (mode == "shared"):
         return
@@ -114,6 +99,15 @@ def _hold_timing_lock(when: str, alone: bool = False) -> None:
 
             if torch.cuda.is_available():
                 torch.empty(1, device="cuda")
+            # ...and the lab, built or loaded from its cache: 0.3-0.5 s of each of a class's serialized perf runs
+            # (lab 00, H100) that the GPU would otherwise spend idle. A failed build is cached as such, and the
+            # test reports it.
+            lab = getattr(getattr(item, "module", None), "LAB", None)
+            if lab is not None:
+                try:
+                    lab.module
+                except Exception:  # noqa: BLE001
+                    pass
     timing.lock_wait_started()
     # shared -> exclusive lets go first (flock(2)): two runs converting at once cannot deadlock
     fcntl.flock(_timing_lock["handle"], fcntl.LOCK_EX if want == "exclusive" else fcntl.LOCK_SH)
