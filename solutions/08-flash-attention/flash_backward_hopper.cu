@@ -6,7 +6,7 @@
 // The algorithm is rung 4's (flash_backward.cu's header): preprocess D = rowsum(dO * O); one block per
 // (key block j, batch, kv head) keeping K_j, V_j in shared memory and dK_j, dV_j in registers while the
 // query blocks of every query head of the group stream past in one fixed order (dK, dV deterministic,
-// written once); dQ's partial sums added into a float32 accumulator, then grad_q = scale * accumulator. The transposed
+// written once); dQ's partial sums by float32 atomics, then grad_q = scale * accumulator. The transposed
 // scores too: S^T = K_j Q_i^T and dP^T = V_j dO_i^T put the keys on wgmma's M, so that P^T and dS^T come
 // out of the accumulators as the register A operands of dV += P^T dO_i and dK += dS^T Q_i (RS), as rung 4's
 // come out as mma.sync A fragments. What changes with Hopper:
@@ -23,11 +23,7 @@
 //    dS^T: one barrier of the 256 consumer threads a step; dS^T double-buffered so that the next step's
 //    stores do not wait for the other warpgroup's reads). head_dim 64: a 64 x 32 half would need an
 //    MN-major B narrower than the swizzle's 64-column line, so instead consumer c computes dQ over its own
-//    64 keys and both add into grad_q_accum (twice the reductions of head_dim 128's split, no barrier).
-//  - dQ's partial sums leave as bulk reductions (cp.reduce.async.bulk .add.f32), one per 256-byte row of a warp's
-//    16 staged rows, instead of rung 4's per-thread atomics: with red.global.add.v2.f32 (8 bytes a thread, 8 rows a
-//    warp instruction) this kernel took 1.315 ms at the block shape, and 1.073 ms with the atomics taken out
-//    (2026-11-26, an H100, tools/gpu/lab08-lpt-variants.txt): the L2's atomic traffic bounded the whole grid.
+//    64 keys and both add into grad_q_accum (twice the atomics of head_dim 128's split, no barrier).
 //  - The pipeline is the simple one (the forward's hopper_simple_loop): each product waited for before the
 //    step that needs it; the two consumer warpgroups overlap each other.
 // params.deterministic stays on the portable kernel (its second dQ pass): the wrapper routes it there.
@@ -73,9 +69,8 @@ using course::to_compute;
 //   K_j, V_j                 2 x 128 x D x 2 B           64 KiB (D 128)   32 KiB (D 64)
 //   Q_i, dO_i, kStages       2 x 2 x 64 x D x 2 B        64 KiB           32 KiB
 //   dS^T, two buffers        2 x 128 x 64 x 2 B          32 KiB           32 KiB
-//   dQ staging, a consumer   2 x 64 x (64 + 8) x 4 B     36 KiB           36 KiB
 //   L log2(e), D, kStages    2 x 2 x 64 x 4 B             1 KiB            1 KiB
-// 197 KiB and 133 KiB (+ 1 KiB to align the base, + the barriers): one block an SM (the registers of 384
+// 161 KiB and 97 KiB (+ 1 KiB to align the base, + the barriers): one block an SM (the registers of 384
 // threads allow only one).
 constexpr int kWarpgroupThreads = 128;
 constexpr int kConsumers = 2;
@@ -90,12 +85,6 @@ constexpr int kBoxCols = 64;  // head dims a TMA box: 128 bytes, the 128-byte sw
 constexpr int kSwizzleBytes = kBoxCols * kElementBytes;
 constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;
 constexpr int kChunkBytes = 16;
-// A staged dQ row: 64 floats (256 bytes, one bulk reduction) and 8 of padding. A warp's float2 store writes rows
-// group_row = 0..7 at words 72 group_row + 8 n + 2 (lane % 4); a 64-bit store is served a half-warp (4 rows) at
-// a time, whose banks 8 group_row + 2 (lane % 4) (mod 32) are then all different. Unpadded (stride 64) all 8 rows
-// would share banks: an 8-way conflict. 288 bytes keeps every row 16-byte aligned, as the bulk copy needs.
-constexpr int kDqRowFloats = kBoxCols + 8;
-static_assert((kDqRowFloats * 4) % 16 == 0 && kDqRowFloats % 32 == 8, "16-byte rows, 8 banks apart");
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 64 * 1024,
               "the register file after the hand-over");
@@ -120,12 +109,10 @@ struct HopperBackwardTiles {
   static constexpr int kKvBytes = kBoxes * kKvBoxBytes;  // K_j (or V_j)
   static constexpr int kDsBytes = kBlockN * kBlockM * kElementBytes;
   static constexpr int kRowBytes = kBlockM * static_cast<int>(sizeof(float));  // a step's L log2(e) (or D)
-  static constexpr int kDqStageBytes = kBlockM * kDqRowFloats * static_cast<int>(sizeof(float));  // a consumer's
   static constexpr int kStepBytes = 2 * kQBytes + 2 * kRowBytes;               // what a stage's full barrier expects
   static constexpr int kBarriers = 1 + 2 * kStages;                            // K/V full; full, empty per stage
   static constexpr int kSharedBytes =
-      kSwizzleAtomBytes + 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kDsBytes + kConsumers * kDqStageBytes +
-      2 * kStages * kRowBytes + kBarriers * 8;
+      kSwizzleAtomBytes + 2 * kKvBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kRowBytes + kBarriers * 8;
   // dQ's split between the two consumers (the header): by head dims at D 128, by keys at D 64.
   static constexpr bool kDqSplitsKeys = kHeadDim == 64;
   static constexpr int kDqSteps = (kDqSplitsKeys ? kWgmmaM : kBlockN) / kWgmmaK;  // k-steps of dQ = dS K
@@ -140,8 +127,8 @@ struct HopperBackwardTiles {
   static_assert(2 * kAccumulatorRegisters + kBlockM + 48 <= kConsumerRegisters,
                 "dK, dV, S^T, dP^T and the rest fit a consumer's registers");
 };
-static_assert(HopperBackwardTiles<128>::kSharedBytes == 1024 + 197 * 1024 + 5 * 8, "the table above");
-static_assert(HopperBackwardTiles<64>::kSharedBytes == 1024 + 133 * 1024 + 5 * 8, "the table above");
+static_assert(HopperBackwardTiles<128>::kSharedBytes == 1024 + 161 * 1024 + 5 * 8, "the table above");
+static_assert(HopperBackwardTiles<64>::kSharedBytes == 1024 + 97 * 1024 + 5 * 8, "the table above");
 // --8<-- [end:hopper_backward_tiles]
 
 // The rows of L log2(e) and D: seqlen_q rounded up to Br, so that a step's 64 values are one aligned bulk copy.
@@ -246,23 +233,33 @@ __device__ int backward_built_with_wgmma =
     0;
 #endif
 
+#ifdef COURSE_WGMMA
+// dQ partial sums: two adjacent floats, one vector reduction at L2 with no value returned (sm_90's
+// red.global.add.v2.f32; atomicAdd(float2*) compiles to the returning atom.global.add.v2.f32).
+__device__ inline void atomic_add_pair(float* address, float first, float second) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(first), "f"(second) : "memory");
+}
+#endif
+
 // ---------------------------------------------------------------- 2. main kernel
 // --8<-- [start:hopper_backward_kernel]
-// --8<-- [start:hopper_backward_order]
 // One block per (key block j, batch, kv head), in an order of its own. Two things decide it:
 //  - Under a causal mask key block j sees seqlen_q / 64 - 2 j query blocks of each head: the work falls with j.
 //    Rung 4's order, (batch, kv head)-major, starts the longest blocks of the last heads among the last ones, and
 //    the grid's tail is those blocks running alone.
-//  - dQ's partial sums are added into a float32 accumulator of 4 B x batch x seqlen_q x heads_q x D (134 MB at the
-//    decoder block's shape, against the H100's 50 MB of L2): the blocks that add into the same rows, one (batch, kv
-//    head)'s, should run together, or each add reads and writes DRAM.
+//  - dQ's partial sums are added (atomics at L2) into a float32 accumulator of 4 B x batch x seqlen_q x heads_q x D
+//    (134 MB at the decoder block's shape, against the H100's 50 MB of L2): the blocks that add into the same rows,
+//    one (batch, kv head)'s, should run together, or each add reads and writes DRAM. The atomics bound this kernel:
+//    taken out (a wrong dQ, timed only) the block shape ran in 1.073 ms against 1.315 with them.
 // So the grid takes the (batch, kv head)s in groups of p.wave_heads, whose key blocks fill about one wave (the
 // launcher: SMs / key blocks, 132 / 16 = 8 at seqlen 2048), and within a group key block 0 of every head first,
 // then key block 1, ...: the longest first. At the block shape (8, 2048, 16 query on 4 kv heads, d128, causal; an
-// H100, 2026-11-26, tools/gpu/lab08-lpt-variants.txt): rung 4's order 1.320 ms; longest first over all heads 1.238
-// (DRAM 1.09 GB read, 0.57 GB written, against rung 4's order's 0.67 and 0.40); groups of 4, 8, 16 heads 1.252,
-// 1.106, 1.154 ms.
-// --8<-- [end:hopper_backward_order]
+// H100, 2026-11-26, tools/gpu/lab08-lpt-variants.txt): rung 4's order 1.311-1.315 ms; groups of 8 heads 1.121.
+// Measured with dQ's adds as bulk reductions (cp.reduce.async.bulk .add.f32 of staged 256-byte rows, one
+// instruction a row instead of 32 vector atomics): rung 4's order 1.320, longest first over all heads at once 1.238
+// (DRAM 1.09 GB read and 0.57 GB written, against 0.67 and 0.40: the accumulator's rows leave L2), groups of 4, 8,
+// 16 heads 1.252, 1.106, 1.154. The bulk reductions cost what the atomics cost (groups of 8: 1.125 against 1.121
+// ms): the same bytes reach L2, so this kernel keeps the atomics.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -279,8 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* const q_tiles = v_tile + Config::kKvBytes;              // [stage][box][Br rows][64]
   uint8_t* const do_tiles = q_tiles + kStages * Config::kQBytes;   // [stage][box][Br rows][64]
   uint8_t* const ds_tiles = do_tiles + kStages * Config::kQBytes;  // [buffer][Bc keys][Br queries], swizzled
-  float* const dq_stages = reinterpret_cast<float*>(ds_tiles + 2 * Config::kDsBytes);  // [consumer][Br][kDqRowFloats]
-  float* const lse_rows = dq_stages + kConsumers * kBlockM * kDqRowFloats;             // [stage][Br]
+  float* const lse_rows = reinterpret_cast<float*>(ds_tiles + 2 * Config::kDsBytes);  // [stage][Br]
   float* const delta_rows = lse_rows + kStages * kBlockM;                             // [stage][Br]
   uint64_t* const kv_full = reinterpret_cast<uint64_t*>(delta_rows + kStages * kBlockM);
   uint64_t* const full = kv_full + 1;
@@ -387,8 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < Config::kAccumulatorRegisters; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
   const int key_end = static_cast<int>(min(p.seqlen_k - key0, int64_t{kBlockN}));
-  float* const accum_base = p.grad_q_accum + batch * p.seqlen_q * p.heads_q * kHeadDim + dq_col0;
-  float* const dq_rows = dq_stages + (consumer * kBlockM + warp * 16) * kDqRowFloats;  // this warp's 16 staged rows
+  float* const accum_base = p.grad_q_accum + batch * p.seqlen_q * p.heads_q * kHeadDim + dq_col0 + pair_col;
 
   hopper::barrier_wait(kv_full, 0);
 #pragma unroll 1
@@ -519,33 +514,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::keep_until_here(grad_s);
     hopper::barrier_arrive(&empty[stage]);  // this thread's products have read Q_i, dO_i, its loads L and D
 
-    // dq[4 n + 2 h + e]: query warp * 16 + group_row + 8 h of the step, head dim dq_col0 + 8 n + pair_col + e. A
-    // warp's 16 rows are its own (wgmma's accumulator layout), so the warp stages them and lanes 0..15 add one row
-    // each into the accumulator: no barrier wider than the warp. Lane l's last reduction read its row of the
-    // staging a step ago; it waits for that read (long done) before the warp writes the rows again.
-    if (lane < 16) hopper::wait_stores_read();
-    __syncwarp();
+    // dq[4 n + 2 h + e]: query warp * 16 + group_row + 8 h of the step, head dim dq_col0 + 8 n + pair_col + e.
+    const int64_t row_stride = p.heads_q * kHeadDim;
+    float* const accum = accum_base + query0 * row_stride + head * kHeadDim;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      const int query = warp * 16 + group_row + 8 * h;
+      if (query >= query_end) continue;
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        *reinterpret_cast<float2*>(dq_rows + (group_row + 8 * h) * kDqRowFloats + 8 * n + pair_col) =
-            make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
+        atomic_add_pair(accum + query * row_stride + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
       }
-    }
-    hopper::fence_shared_for_tma();  // ordinary stores, read next by the bulk reduction (the async proxy)
-    __syncwarp();
-    const int64_t row_stride = p.heads_q * kHeadDim;
-    if (lane < 16 && warp * 16 + lane < query_end) {
-      hopper::bulk_reduce_add(accum_base + (query0 + warp * 16 + lane) * row_stride + head * kHeadDim,
-                              dq_rows + lane * kDqRowFloats, kBoxCols * sizeof(float));
-      hopper::commit_stores();
     }
     if (++query_block == query_blocks) query_block = first_query_block, ++head_in_group;
   }
   // --8<-- [end:hopper_backward_consumer]
 
-  if (lane < 16) hopper::wait_stores_done();  // the staging stays this block's until its last reduction has run
   // dK_j = scale * sum dS^T Q, dV_j = sum P^T dO: rounded once, written once, keys past seqlen_k not.
   T* const grad_k = static_cast<T*>(p.grad_k);
   T* const grad_v = static_cast<T*>(p.grad_v);

@@ -7,7 +7,7 @@
 //  - S = Q K^T as wgmma m64n128k16 with both operands in shared memory (SS), and O += P V as
 //    m64n64k16 / m64n128k16 with A = P from registers (RS).
 // and what the Hopper backward (flash_backward_hopper.cu) adds: a 1-D bulk copy (its rows of L log2(e) and
-// D), a 1-D bulk reduction (its dQ partial sums) and S^T = K Q^T, dP^T = V dO^T, dQ = dS K as wgmma m64n64k16 SS (the last with both operands transposed).
+// D) and S^T = K Q^T, dP^T = V dO^T, dQ = dS K as wgmma m64n64k16 SS (the last with both operands transposed).
 // Compiled only where COURSE_WGMMA is defined (wgmma.cuh: nvcc's sm_90a pass).
 #pragma once
 
@@ -52,17 +52,6 @@ __device__ inline void bulk_load(void* destination, const void* source, uint32_t
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                    shared_address(destination)),
                "l"(reinterpret_cast<uint64_t>(source)), "r"(bytes), "r"(shared_address(barrier))
-               : "memory");
-}
-
-// A 1-D bulk reduction: `bytes` (a multiple of 16, both addresses 16-byte aligned) of float32 from shared
-// memory added into global memory, element by element, at L2 (the backward's dQ partial sums: one instruction a
-// 256-byte row instead of 32 vector atomics). Completion as a TMA store's: commit_stores, then wait_stores_read
-// before the shared memory is written again.
-__device__ inline void bulk_reduce_add(float* destination, const float* source, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                   reinterpret_cast<uint64_t>(destination)),
-               "r"(shared_address(source)), "r"(bytes)
                : "memory");
 }
 
