@@ -35,6 +35,8 @@ from __future__ import annotations
 import collections
 import importlib
 import os
+import subprocess
+import sys
 
 import lab09_support as S
 import pytest
@@ -575,6 +577,8 @@ def test_ops_run_beside_the_lessons_modules():
     ops = course_ops()
     hint = ("a launcher that remembers a side effect on its kernel (cudaFuncSetAttribute) in a static: key it by the "
             "kernel's address (course::opt_in_dynamic_shared in include/course/cuda.cuh)")
+    for number in LESSON_MODULES:
+        _lesson_module_compiled(number, str(LAB.tree.path))
     lab07 = lab_build.build(trees.find_lab("07"), LAB.tree)
     lab08 = lab_build.build(trees.find_lab("08"), LAB.tree)
     for dtype in (BF16, FP16):
@@ -937,15 +941,34 @@ globals().update(_tests_of("lab09_aot", "test_aot_"))
 globals().update(_tests_of("lab09_stable_abi", "test_stable_"))
 
 
+# The lessons whose own modules test_ops_run_beside_the_lessons_modules loads beside lab 09's.
+LESSON_MODULES = ("07", "08")
+
+
+@background.once
+def _lesson_module_compiled(number: str, tree_path: str) -> None:
+    """Lesson NN's own module compiled (or found up to date) by a python of its own, while lab 09's build and tests
+    go on; test_ops_run_beside_the_lessons_modules then only imports it. After an edit of lab 07's rms_norm.cu,
+    `./course grade 09` compiled lab 09 (16.5 s), then lab 07's module (16.6 s), one after the other (H100,
+    2026-11-26). A failure is left to the test's own build, which reports it."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from harness import build, trees; "
+            "build.build(trees.find_lab(sys.argv[2]), trees.resolve_tree(sys.argv[3]))")
+    subprocess.run([sys.executable, "-c", code, str(trees.TESTS), number, tree_path], capture_output=True)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _ahead_of_time_builds_early(request):
     """Where the session selected the ahead-of-time tests, their builds start with the module's first test and run
     beside the others (they are subprocesses: cmake, pip, a fresh python): `./course grade 09` ran them one after
-    another at the end, ~94 s of its 183 s on an H100 (2026-11-27)."""
+    another at the end, ~94 s of its 183 s on an H100 (2026-11-27). On a GPU, lessons 07 and 08's own modules for
+    test_ops_run_beside_the_lessons_modules start compiling then too (_lesson_module_compiled)."""
     selected = {item.name for item in request.session.items}
     for module_name, prefix in (("lab09_aot", "test_aot_"), ("lab09_stable_abi", "test_stable_")):
         if any(name.startswith(prefix) for name in selected):
             importlib.import_module(module_name).start_early()
+    if torch.cuda.is_available() and "test_ops_run_beside_the_lessons_modules" in selected:
+        for number in LESSON_MODULES:
+            _lesson_module_compiled.start(number, str(LAB.tree.path))
 
 
 @pytest.fixture(autouse=True)

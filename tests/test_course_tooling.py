@@ -449,6 +449,49 @@ def test_grade_runs_the_notebook_beside_the_graded_run(monkeypatch, gpu):
         assert runs == [("00-first-kernel", None, 77)] and passes == [["test_op"]] and not held
 
 
+@pytest.mark.parametrize("built", [True, False])
+def test_grade_runs_the_quick_sanitizer_pass_beside_the_graded_run(monkeypatch, built):
+    """On a GPU with the quick pass due, it runs beside the graded run as side work (the file the timed cases wait
+    for is held until it and the notebook's run have both ended), under the graded run's deadline, and its rows and
+    error join the result only where the graded run built the lab; nothing runs after the graded run."""
+    cli = _cli()
+    held, side_work_seen = [], []
+
+    def fake_run(python, files, impl, label, **kw):
+        side_work = (kw.get("extra_env") or {}).get(trees.SIDE_WORK_ENV)
+        if side_work:
+            held.append(Path(side_work))
+        if kw.get("keywords") == cli.NOTEBOOK_TEST:
+            return {"tests": [{"name": cli.NOTEBOOK_TEST, "outcome": "passed", "tasks": ["lab00.1"],
+                               "kind": "student"}], "seed": 77, "returncode": 0, "log": f"{label}.log"}
+        outcome = "passed" if built else "failed"
+        return {"tests": [{"name": "test_builds", "outcome": outcome, "tasks": ["lab00.1"], "kind": "student"}],
+                "seed": 77, "returncode": 0 if built else 1, "log": f"{label}.log"}
+
+    def fake_quick_pass(python, rows, lab, impl, *, quick, deadline_s, **kw):
+        assert quick and deadline_s == 60
+        time.sleep(0.5)
+        side_work_seen.append((trees.LOGS / f"{lab.name}.side-work").exists())  # held while the pass runs
+        rows.update(sanitizer=[{"tool": "memcheck", "ran": True, "errors": 1}], sanitizer_seconds=0.5,
+                    error="compute-sanitizer memcheck: Invalid __global__ write of size 4 bytes")
+
+    def no_pass_after(*args, **kwargs):
+        raise AssertionError("the quick pass ran after the graded run instead of beside it")
+
+    monkeypatch.setattr(cli, "run_lab_tests", fake_run)
+    monkeypatch.setattr(cli.runner, "gpu_visible", lambda: True)
+    monkeypatch.setattr(cli.sanitizer, "sanitizer_available", lambda: True)
+    monkeypatch.setattr(cli.sanitizer, "run_into", fake_quick_pass)
+    monkeypatch.setattr(cli.sanitizer, "run_as_asked", no_pass_after)
+    args = types.SimpleNamespace(verbose=False, deadline=60, seed=77, quick_sanitize=True, sanitize=False)
+    result = cli.grade_lab(args, sys.executable, trees.find_lab("00"), "solutions")
+    assert side_work_seen == [True] and len(held) == 1 and not held[0].exists()
+    if built:
+        assert result["error"].startswith("compute-sanitizer memcheck") and result["sanitizer"][0]["tool"] == "memcheck"
+    else:
+        assert "sanitizer" not in result and not result.get("error")
+
+
 def test_timed_cases_wait_for_the_side_work_and_run_last(tmp_path):
     """With the side-work file named, pytest takes the perf case after the others, and starts it only once the
     file is gone (here a thread of the test's own removes it after 1 s); without it, the file's order."""

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,14 +66,17 @@ def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verb
 
 # The notebook test runs every cell of the lab's notebook (22 s of lab 08's 50 s of tests, 27 s of lab 09's on an
 # H100). It is not timed, so on a GPU `grade` runs it in a process of its own beside the graded run, which leaves it
-# out and takes its timed cases last, once the notebook's run has ended (trees.SIDE_WORK_ENV names the file held
-# until then). Run after the graded run instead, beside the quick sanitizer pass, ./course grade 09 took 101.6 s
-# (tests 68.2 s, then 33 s for the two; H100). Without a GPU the notebook test skips: one run takes every test.
+# out and takes its timed cases last, once the side work has ended (trees.SIDE_WORK_ENV names the file held until
+# then). Run after the graded run instead, beside the quick sanitizer pass, ./course grade 09 took 101.6 s (tests
+# 68.2 s, then 33 s for the two; H100). The quick sanitizer pass is side work too: it runs no timed case, and after
+# the graded run it took 12-13 s of lab 09's 52 s (H100, 2026-11-26); it counts only where the graded run built
+# the lab and neither died nor hung (sanitizer.take_quick_pass). Without a GPU the notebook test skips and there is
+# no sanitizer: one run takes every test.
 NOTEBOOK_TEST = "test_notebook_runs"
 
 
 def grade_lab(args, python: str, lab, impl: str) -> dict:
-    """One lab's run, its notebook's run beside it (before its timed cases), then its sanitizer pass."""
+    """One lab's run, with its notebook's run and its quick sanitizer pass beside it (before its timed cases)."""
     if not (runner.gpu_visible() and NOTEBOOK_TEST in lab.test_file.read_text(errors="replace")):
         result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
                                deadline_s=args.deadline, seed=args.seed,
@@ -82,17 +86,35 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
     seed = args.seed if args.seed is not None else trees.seed()
     busy = trees.LOGS / f"{lab.name}.side-work"
     busy.parent.mkdir(parents=True, exist_ok=True)
-    busy.write_text("the notebook's run is under way; the timed cases wait until this file is gone\n")
+    busy.write_text("the notebook's run (and the quick sanitizer pass) is under way; the timed cases wait until this "
+                    "file is gone\n")
+    quick_pass_beside = sanitizer.quick_pass_wanted(args)
+    side_jobs, side_lock = [2 if quick_pass_beside else 1], threading.Lock()
+
+    def side_job_ended() -> None:
+        with side_lock:
+            side_jobs[0] -= 1
+            if not side_jobs[0]:
+                busy.unlink(missing_ok=True)
 
     def notebook_run() -> dict:
         try:
             return run_lab_tests(python, [lab.test_file], impl, f"{lab.name}-notebook", verbose=False, lab=lab,
                                  keywords=NOTEBOOK_TEST, deadline_s=args.deadline, seed=seed)
         finally:
-            busy.unlink(missing_ok=True)
+            side_job_ended()
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    def quick_pass() -> dict:
+        rows: dict = {}
+        try:  # the graded run's deadline: a kernel that hangs there hangs here too
+            sanitizer.run_into(python, rows, lab, impl, quick=True, deadline_s=args.deadline)
+        finally:
+            side_job_ended()
+        return rows
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         notebook = pool.submit(notebook_run)
+        beside = pool.submit(quick_pass) if quick_pass_beside else None
         try:
             result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
                                    keywords=f"not {NOTEBOOK_TEST}", deadline_s=args.deadline, seed=seed,
@@ -100,9 +122,13 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
                                    test_deadline_s=getattr(args, "test_deadline", None))
         finally:
             notebook_result = notebook.result()
+            quick_pass_result = beside.result() if beside else None
     if not result.get("error"):  # a run that died or hung reports that alone, as it did with the notebook inside
         add_notebook_run(result, notebook_result)
-    sanitizer.run_as_asked(args, python, result, lab, impl)
+    if quick_pass_result is not None:
+        sanitizer.take_quick_pass(result, quick_pass_result)
+    else:
+        sanitizer.run_as_asked(args, python, result, lab, impl)
     return result
 
 

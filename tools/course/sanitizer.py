@@ -202,19 +202,37 @@ def run_as_asked(args, python: str, result: dict, lab, impl: str, *, label_prefi
     which finds the out-of-bounds writes and races that leave every compared element right."""
     if getattr(args, "sanitize", False):
         run_into(python, result, lab, impl, quick=False, label_prefix=label_prefix, quiet=quiet)
-    elif getattr(args, "quick_sanitize", False) and not result.get("error") and sanitizer_available():
-        built = [t for t in result.get("tests", []) if t["name"] == "test_builds"]
-        if built and built[0]["outcome"] == "passed":
-            run_into(python, result, lab, impl, quick=True, label_prefix=label_prefix, quiet=quiet)
+    elif quick_pass_wanted(args) and quick_pass_counts(result):
+        run_into(python, result, lab, impl, quick=True, label_prefix=label_prefix, quiet=quiet)
+
+
+def quick_pass_wanted(args) -> bool:
+    """`grade` on a GPU, neither --sanitize (the full pass instead) nor --no-sanitize: the quick pass is due."""
+    return not getattr(args, "sanitize", False) and getattr(args, "quick_sanitize", False) and sanitizer_available()
+
+
+def quick_pass_counts(result: dict) -> bool:
+    """Whether a run's quick pass belongs in its result: the run built its lab and neither died nor hung (it has an
+    error of its own to report then)."""
+    built = [t for t in result.get("tests", []) if t["name"] == "test_builds"]
+    return not result.get("error") and bool(built) and built[0]["outcome"] == "passed"
+
+
+def take_quick_pass(result: dict, quick_pass: dict) -> None:
+    """A quick pass run beside `result`'s run (run_into on a dict of its own) into `result`, where it counts."""
+    if quick_pass_counts(result):
+        for key in ("sanitizer", "sanitizer_seconds", "error"):
+            if key in quick_pass:
+                result[key] = quick_pass[key]
 
 
 def run_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_prefix: str = "",
-             quiet: bool = False) -> None:
+             quiet: bool = False, deadline_s: int = 1800) -> None:
     """Run the tools (quick: the quick pass) and put their rows, and a failing lab's error, into `result`."""
     tools = QUICK_TOOLS if quick else SANITIZER_TOOLS
     started = time.monotonic()
     rows = sanitize(python, lab.test_file, impl=impl, lab_number=lab.number, tools=tools, quick=quick,
-                    label_prefix=label_prefix, quiet=quiet)
+                    label_prefix=label_prefix, quiet=quiet, deadline_s=deadline_s)
     result["sanitizer"] = rows
     result["sanitizer_seconds"] = round(time.monotonic() - started, 1)  # wall time: the quick pass's tools overlap
     dirty = [r for r in rows if not is_clean(r)]
