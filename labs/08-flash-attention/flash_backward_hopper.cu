@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 38f7bf66ca89].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 87af1f0db15a].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* const full = kv_full + 1;
   uint64_t* const empty = full + kStages;
 
+  // --8<-- [start:hopper_backward_grid]
   const int64_t key_blocks = course::ceil_div<int64_t>(p.seqlen_k, kBlockN);
   const int64_t first_head = blockIdx.x / (p.wave_heads * key_blocks) * p.wave_heads;  // the group's first
   const int64_t heads_here = min(p.wave_heads, p.batch * p.heads_kv - first_head);     // the last group: fewer
@@ -292,6 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t batch_head = first_head + in_group % heads_here;
   const int64_t batch = batch_head / p.heads_kv, kv_head = batch_head % p.heads_kv;
   const int64_t key0 = in_group / heads_here * kBlockN;
+  // --8<-- [end:hopper_backward_grid]
   const int group = static_cast<int>(p.heads_q / p.heads_kv);
   const int64_t head0 = kv_head * group;
   // Rung 4's causal skipping: the first query block that sees any key of this block.

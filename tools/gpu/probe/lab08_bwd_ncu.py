@@ -10,7 +10,6 @@ miss L2 (the float32 accumulator is 134 MB, the L2 50 MB) and so cost DRAM reads
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
