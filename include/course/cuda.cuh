@@ -92,6 +92,32 @@ inline int device_attribute(cudaDeviceAttr attribute) {
   return index >= 0 && index < kCachedAttributes ? cache[index].get(query) : query();
 }
 
+// The sm_90a image (wgmma, TMA, Hopper's CUTLASS kernels). A file with such kernels names a flag with
+// COURSE_SM90A_IMAGE_FLAG(name): a __device__ int that is 1 in the image nvcc built for sm_90a and 0 in every other
+// (each image has its own copy). The driver loads the sm_90a image only on a compute capability 9.0 GPU, and only if
+// the build had one (TORCH_CUDA_ARCH_LIST=9.0a); sm90a_image_loaded reads the loaded image's flag, once per GPU
+// (`cache` is the caller's: a process may hold a Hopper GPU and an older one). The read itself,
+// [](int* out) { return cudaMemcpyFromSymbol(out, flag, sizeof(int)); }, is written in the flag's own .cu file, the
+// symbol named there: passed in here as a const int& and read as cudaMemcpyFromSymbol(out, &flag, ...), every
+// read failed with cudaErrorInvalidSymbol (an H100, 2026-11-26; why was not found).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define COURSE_SM90A_IMAGE_FLAG(name) __device__ int name = 1
+#else
+#define COURSE_SM90A_IMAGE_FLAG(name) __device__ int name = 0
+#endif
+
+template <typename ReadFlag>
+bool sm90a_image_loaded(PerDeviceCache& cache, ReadFlag read_flag) {
+  return cache.get([&read_flag] {
+    int loaded = 0;
+    if (device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+        device_attribute(cudaDevAttrComputeCapabilityMinor) == 0) {
+      check_cuda(read_flag(&loaded), "cudaMemcpyFromSymbol", __FILE__, __LINE__);
+    }
+    return loaded;
+  }) == 1;
+}
+
 // Blocks of `kernel` that one SM of the current GPU holds at once, launched with
 // `threads_per_block` threads and `dynamic_shared_bytes` of dynamic shared memory. Threads are
 // not the only limit: the occupancy calculator also counts the kernel's registers and shared

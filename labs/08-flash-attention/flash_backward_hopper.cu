@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 87af1f0db15a].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 5b89699bf821].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -229,12 +229,7 @@ __global__ void __launch_bounds__(kConvertThreads)
 }
 
 // 1 in the image nvcc built for sm_90a, 0 in every other (as the forward's built_with_wgmma).
-__device__ int backward_built_with_wgmma =
-#ifdef COURSE_WGMMA
-    1;
-#else
-    0;
-#endif
+COURSE_SM90A_IMAGE_FLAG(backward_built_with_wgmma);
 
 #ifdef COURSE_WGMMA
 // dQ partial sums: two adjacent floats, one vector reduction at L2 with no value returned (sm_90's
@@ -632,15 +627,9 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
 }
 
 bool built_for_hopper() {
-  static course::PerDeviceCache built;
-  return built.get([] {
-    int image_has_wgmma = 0;
-    if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
-        course::device_attribute(cudaDevAttrComputeCapabilityMinor) == 0) {
-      COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, backward_built_with_wgmma, sizeof(image_has_wgmma)));
-    }
-    return image_has_wgmma;
-  }) == 1;
+  static course::PerDeviceCache loaded;
+  return course::sm90a_image_loaded(
+      loaded, [](int* out) { return cudaMemcpyFromSymbol(out, backward_built_with_wgmma, sizeof(int)); });
 }
 
 }  // namespace flash_backward_hopper_impl

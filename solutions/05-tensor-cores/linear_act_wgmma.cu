@@ -73,12 +73,7 @@ constexpr int kGroupMHopper = 8;  // grouped_tile: 8 x 128 rows of x and the wei
 // --8<-- [end:hopper_tiles]
 
 // 1 in the image nvcc built for sm_90a, 0 in every other: the host reads the one the driver loaded.
-__device__ int built_with_wgmma =
-#ifdef COURSE_WGMMA
-    1;
-#else
-    0;
-#endif
+COURSE_SM90A_IMAGE_FLAG(built_with_wgmma);
 
 template <typename T>
 __global__ void __launch_bounds__(kThreadsHopper, 1)
@@ -277,14 +272,9 @@ TileConfig wgmma_tile_config() {
 }
 
 bool wgmma_available() {
-  static course::PerDeviceCache built;  // per GPU: a process may hold a Hopper GPU and an older one
-  return built.get([] {
-    int image_has_wgmma = 0;  // the driver loads the sm_90a image only on a 9.0 GPU
-    if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9) {
-      COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, built_with_wgmma, sizeof(image_has_wgmma)));
-    }
-    return image_has_wgmma;
-  }) == 1;
+  static course::PerDeviceCache loaded;
+  return course::sm90a_image_loaded(loaded,
+                                    [](int* out) { return cudaMemcpyFromSymbol(out, built_with_wgmma, sizeof(int)); });
 }
 
 void launch_linear_act_wgmma(ElementType type, const void* x, const void* weight, const void* bias, void* out,

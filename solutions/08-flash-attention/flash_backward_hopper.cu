@@ -226,12 +226,7 @@ __global__ void __launch_bounds__(kConvertThreads)
 }
 
 // 1 in the image nvcc built for sm_90a, 0 in every other (as the forward's built_with_wgmma).
-__device__ int backward_built_with_wgmma =
-#ifdef COURSE_WGMMA
-    1;
-#else
-    0;
-#endif
+COURSE_SM90A_IMAGE_FLAG(backward_built_with_wgmma);
 
 #ifdef COURSE_WGMMA
 // dQ partial sums: two adjacent floats, one vector reduction at L2 with no value returned (sm_90's
@@ -629,15 +624,9 @@ void launch_typed(const AttentionBackwardParams& params, float* lse_log2, cudaSt
 }
 
 bool built_for_hopper() {
-  static course::PerDeviceCache built;
-  return built.get([] {
-    int image_has_wgmma = 0;
-    if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
-        course::device_attribute(cudaDevAttrComputeCapabilityMinor) == 0) {
-      COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, backward_built_with_wgmma, sizeof(image_has_wgmma)));
-    }
-    return image_has_wgmma;
-  }) == 1;
+  static course::PerDeviceCache loaded;
+  return course::sm90a_image_loaded(
+      loaded, [](int* out) { return cudaMemcpyFromSymbol(out, backward_built_with_wgmma, sizeof(int)); });
 }
 
 }  // namespace flash_backward_hopper_impl

@@ -100,12 +100,7 @@ static_assert(HopperTiles<64>::kSharedBytes == 1024 + 112 * 1024 + 10 * 8, "the 
 // --8<-- [end:hopper_tiles]
 
 // 1 in the image nvcc built for sm_90a, 0 in every other: the host reads the one the driver loaded.
-__device__ int built_with_wgmma =
-#ifdef COURSE_WGMMA
-    1;
-#else
-    0;
-#endif
+COURSE_SM90A_IMAGE_FLAG(built_with_wgmma);
 
 #ifdef COURSE_WGMMA
 // The key blocks a query block visits, and how many of them need no per-element mask: rung 3's rule
@@ -501,15 +496,9 @@ void launch_typed(const AttentionParams& p, ElementType type, cudaStream_t strea
 using namespace flash_forward_hopper_impl;
 
 bool flash_forward_hopper_available() {
-  static course::PerDeviceCache built;  // per GPU: a process may hold a Hopper GPU and an older one
-  return built.get([] {
-    int image_has_wgmma = 0;  // the driver loads the sm_90a image only on a 9.0 GPU
-    if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
-        course::device_attribute(cudaDevAttrComputeCapabilityMinor) == 0) {
-      COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image_has_wgmma, built_with_wgmma, sizeof(image_has_wgmma)));
-    }
-    return image_has_wgmma;
-  }) == 1;
+  static course::PerDeviceCache loaded;
+  return course::sm90a_image_loaded(loaded,
+                                    [](int* out) { return cudaMemcpyFromSymbol(out, built_with_wgmma, sizeof(int)); });
 }
 
 std::string flash_forward_hopper_refusal(ElementType type, const AttentionParams& params) {

@@ -156,12 +156,7 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 // name ./course sanitize checks, tools/course/sanitizer.py)
 
 // 1 in the image nvcc built for sm_90a, 0 in every other (as lesson 05's built_with_wgmma).
-__device__ int built_for_sm90a =
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    1;
-#else
-    0;
-#endif
+COURSE_SM90A_IMAGE_FLAG(built_for_sm90a);
 
 typename Gemm::Arguments make_arguments(const void* x, const void* weight, const void* bias, void* out, int64_t M,
                                         int64_t N, int64_t K) {
@@ -215,14 +210,9 @@ void check(cutlass::Status status, const char* what) {
 }  // namespace
 
 bool gemm_bias_gelu_sm90_available() {
-  static course::PerDeviceCache built;
-  return built.get([] {
-    int image = 0;  // the driver loads the sm_90a image only on a 9.0 GPU
-    if (course::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9) {
-      COURSE_CUDA_CHECK(cudaMemcpyFromSymbol(&image, built_for_sm90a, sizeof(image)));
-    }
-    return image;
-  }) == 1;
+  static course::PerDeviceCache loaded;
+  return course::sm90a_image_loaded(loaded,
+                                    [](int* out) { return cudaMemcpyFromSymbol(out, built_for_sm90a, sizeof(int)); });
 }
 
 size_t gemm_bias_gelu_sm90_workspace_bytes(int64_t M, int64_t N, int64_t K) {
