@@ -249,7 +249,7 @@ __device__ inline void atomic_add_pair(float* address, float first, float second
 // So the grid takes the (batch, kv head)s in groups of p.wave_heads, whose key blocks fill about one wave (the
 // launcher: SMs / key blocks, 132 / 16 = 8 at seqlen 2048), and within a group key block 0 of every head first,
 // then key block 1, ...: the longest first. At the block shape (8, 2048, 16 query on 4 kv heads, d128, causal; an
-// H100, 2026-11-26, tools/gpu/lab08-lpt-variants.txt): rung 4's order 1.311-1.315 ms; groups of 8 heads 1.121.
+// H100, 2026-11-26, tools/gpu/lab08-lpt-variants.txt): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121.
 // Measured with dQ's adds as bulk reductions (cp.reduce.async.bulk .add.f32 of staged 256-byte rows, one
 // instruction a row instead of 32 vector atomics): rung 4's order 1.320, longest first over all heads at once 1.238
 // (DRAM 1.09 GB read and 0.57 GB written, against 0.67 and 0.40: the accumulator's rows leave L2), groups of 4, 8,
