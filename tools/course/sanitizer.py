@@ -63,8 +63,11 @@ def sanitizer_available() -> bool:
     return bool(shutil.which("compute-sanitizer")) and runner.gpu_visible()
 
 
+DEADLINE_S = 1800  # a tool's run over a lab, unless the caller passes its own (grade: the graded run's)
+
+
 def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools: tuple[str, ...] = SANITIZER_TOOLS,
-             deadline_s: int = 1800, quick: bool = False, label_prefix: str = "", quiet: bool = False,
+             deadline_s: int = DEADLINE_S, quick: bool = False, label_prefix: str = "", quiet: bool = False,
              select: str | None = None, shards: int = 1) -> list[dict]:
     """Each compute-sanitizer tool over the lab's correctness cases (quick: its SANITIZE_CASES); one row per tool.
     `label_prefix` keeps the logs of concurrent runs apart (build/logs/PREFIXsanitize-NN-TOOL.log).
@@ -227,7 +230,7 @@ def take_quick_pass(result: dict, quick_pass: dict) -> None:
 
 
 def run_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_prefix: str = "",
-             quiet: bool = False, deadline_s: int = 1800) -> None:
+             quiet: bool = False, deadline_s: int = DEADLINE_S) -> None:
     """Run the tools (quick: the quick pass) and put their rows, and a failing lab's error, into `result`."""
     tools = QUICK_TOOLS if quick else SANITIZER_TOOLS
     started = time.monotonic()
