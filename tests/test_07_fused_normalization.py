@@ -397,14 +397,15 @@ def check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, eps, *, case
     check_placement(grad_x, shape=x.shape, like=x, name="grad_x", case=case)
     check_placement(grad_weight, shape=(n,), like=weight, name="grad_weight", case=case)
     golden_x, golden_w = golden_rms_norm_backward(grad_y, x, weight, eps)
+    rstd = golden_rms_norm(x, weight, eps)[1].unsqueeze(-1)
     # grad_x = rstd g - rstd^3 x mean(g x): its first term sets the size of the rounding errors.
-    terms = golden_rms_norm(x, weight, eps)[1].unsqueeze(-1) * weight.double() * grad_y.double()
+    terms = rstd * weight.double() * grad_y.double()
     ill = cancellation(golden_x, terms)
     LAB.assert_close(grad_x, golden_x, case=f"{case}: grad_x", tol=row_tol(x.dtype, n) * ill, hint=hint)
     # grad_weight[c] sums rows of dy x rstd that can cancel (a few rows, random signs): its rounding error scales
     # with the sum of the terms' sizes, not with the result's (seen: lab 06's 7-row grad_bias, 4.9e-4 relative).
     # 16-bit: the final rounding dominates, and the flash rule below is the sharp check.
-    term_sizes = (grad_y.double() * x.double() * golden_rms_norm(x, weight, eps)[1].unsqueeze(-1)).abs()
+    term_sizes = (grad_y.double() * x.double() * rstd).abs()
     LAB.assert_close(grad_weight, golden_w, case=f"{case}: grad_weight", tol=grad_weight_tol(x.dtype, rows, n),
                      hint=grad_weight_hint,
                      floor=column_sum(term_sizes) if rows and x.dtype not in SIXTEEN_BIT else None)
