@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/05-tensor-cores/linear_act_wgmma.cu by `./course labs` [lab-hash 5855e5f6c14c].
+// Lab skeleton generated from solutions/05-tensor-cores/linear_act_wgmma.cu by `./course labs` [lab-hash 6997a875cb8c].
 // Students: fill in the TODO(lab05.k) blocks, then run `./course grade 05`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 05, the reference's Hopper path (section 10): the same out = act(x @ weight^T + bias),
@@ -75,7 +75,6 @@ constexpr int kEmptyArrivals = kConsumers * kWarpgroupThreads / kWarpSize;
 constexpr int kGroupMHopper = 8;  // grouped_tile: 8 x 128 rows of x and the weight tiles they meet stay in L2
 // --8<-- [end:hopper_tiles]
 
-// 1 in the image nvcc built for sm_90a, 0 in every other: the host reads the one the driver loaded.
 COURSE_SM90A_IMAGE_FLAG(built_with_wgmma);
 
 template <typename T>

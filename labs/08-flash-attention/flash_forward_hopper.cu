@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_forward_hopper.cu by `./course labs` [lab-hash b8dd306a780c].
+// Lab skeleton generated from solutions/08-flash-attention/flash_forward_hopper.cu by `./course labs` [lab-hash 8bc073db25e1].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path (sm_90a): the same forward as flash_forward.cu (same op, same
@@ -102,7 +102,6 @@ static_assert(HopperTiles<128>::kSharedBytes == 1024 + 160 * 1024 + 7 * 8, "the 
 static_assert(HopperTiles<64>::kSharedBytes == 1024 + 112 * 1024 + 10 * 8, "the table above");
 // --8<-- [end:hopper_tiles]
 
-// 1 in the image nvcc built for sm_90a, 0 in every other: the host reads the one the driver loaded.
 COURSE_SM90A_IMAGE_FLAG(built_with_wgmma);
 
 #ifdef COURSE_WGMMA

@@ -72,7 +72,6 @@ constexpr int kEmptyArrivals = kConsumers * kWarpgroupThreads / kWarpSize;
 constexpr int kGroupMHopper = 8;  // grouped_tile: 8 x 128 rows of x and the weight tiles they meet stay in L2
 // --8<-- [end:hopper_tiles]
 
-// 1 in the image nvcc built for sm_90a, 0 in every other: the host reads the one the driver loaded.
 COURSE_SM90A_IMAGE_FLAG(built_with_wgmma);
 
 template <typename T>

@@ -225,7 +225,6 @@ __global__ void __launch_bounds__(kConvertThreads)
   }
 }
 
-// 1 in the image nvcc built for sm_90a, 0 in every other (as the forward's built_with_wgmma).
 COURSE_SM90A_IMAGE_FLAG(backward_built_with_wgmma);
 
 #ifdef COURSE_WGMMA
@@ -249,12 +248,9 @@ __device__ inline void atomic_add_pair(float* address, float first, float second
 // So the grid takes the (batch, kv head)s in groups of p.wave_heads, whose key blocks fill about one wave (the
 // launcher: SMs / key blocks, 132 / 16 = 8 at seqlen 2048), and within a group key block 0 of every head first,
 // then key block 1, ...: the longest first. At the block shape (8, 2048, 16 query on 4 kv heads, d128, causal; an
-// H100, 2026-11-26, tools/gpu/lab08-lpt-variants.txt): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121.
-// Measured with dQ's adds as bulk reductions (cp.reduce.async.bulk .add.f32 of staged 256-byte rows, one
-// instruction a row instead of 32 vector atomics): rung 4's order 1.320, longest first over all heads at once 1.238
-// (DRAM 1.09 GB read and 0.57 GB written, against 0.67 and 0.40: the accumulator's rows leave L2), groups of 4, 8,
-// 16 heads 1.252, 1.106, 1.154. The bulk reductions cost what the atomics cost (groups of 8: 1.125 against 1.121
-// ms): the same bytes reach L2, so this kernel keeps the atomics.
+// H100, 2026-11-26): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121. Bulk reductions (cp.reduce.async.bulk)
+// in place of the atomics cost the same (1.125 ms): the same bytes reach L2. Every variant, with Nsight Compute's DRAM
+// bytes: tools/gpu/lab08-lpt-variants.txt and lesson 08, section 15.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,

@@ -99,7 +99,6 @@ static_assert(HopperTiles<128>::kSharedBytes == 1024 + 160 * 1024 + 7 * 8, "the 
 static_assert(HopperTiles<64>::kSharedBytes == 1024 + 112 * 1024 + 10 * 8, "the table above");
 // --8<-- [end:hopper_tiles]
 
-// 1 in the image nvcc built for sm_90a, 0 in every other: the host reads the one the driver loaded.
 COURSE_SM90A_IMAGE_FLAG(built_with_wgmma);
 
 #ifdef COURSE_WGMMA

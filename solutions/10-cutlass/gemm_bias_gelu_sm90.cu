@@ -155,7 +155,6 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 // course: library kernel device_kernel (GemmUniversalAdapter launches cutlass::device_kernel<GemmKernel>: the
 // name ./course sanitize checks, tools/course/sanitizer.py)
 
-// 1 in the image nvcc built for sm_90a, 0 in every other (as lesson 05's built_with_wgmma).
 COURSE_SM90A_IMAGE_FLAG(built_for_sm90a);
 
 typename Gemm::Arguments make_arguments(const void* x, const void* weight, const void* bias, void* out, int64_t M,
