@@ -1116,6 +1116,45 @@ def test_rms_norm_backward_3d(shape, dtype, path):
     check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, EPS, case=case)
 
 
+# The staged backward (rms_norm.cu: rms_norm_backward_staged_kernel), which 'auto' runs for rows of its register
+# bucket (16-bit rows of 2049-4096 elements, float rows of 1025-2048, 16-byte aligned) on a GPU that holds its 128 KiB
+# ring (sm_80, sm_90). Cases: fewer rows than SMs (a block a row), last steps of 1-3 rows (1000 rows over 132 blocks:
+# 7 or 8 each), rows shorter than the ring's row image (3000, 2056, 1032), a 3-D input.
+STAGED_CASES = [((7, 4096), FP16), ((1000, 4096), BF16), ((133, 3000), BF16), ((265, 2048), FP32), ((1, 1032), FP32),
+                ((2, 300, 2056), FP16)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
+                                          for s, d in STAGED_CASES])
+@harness.tasks("lab07.5", "lab07.6")
+def test_rms_norm_backward_staged(shape, dtype):
+    """path='auto' in the staged kernel's bucket: the gradients pass the rule, and grad_x has the bits of
+    path='registers', since both kernels run the same backward_row_sums and backward_row_grad_x."""
+    x, weight, grad_y = rms_inputs(shape, dtype)
+    rstd = reference_rstd(x, EPS)
+    n, element_bytes = shape[-1], torch.empty((), dtype=dtype).element_size()
+    blocks = int(LAB.module.staged_backward_blocks(element_bytes, rows_of(shape), n))
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if (properties.major, properties.minor) >= (8, 0) and properties.shared_memory_per_block_optin >= 129 * 1024:
+        assert blocks > 0, (f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is 0 on a GPU of compute "
+                            f"capability {properties.major}.{properties.minor} with "
+                            f"{properties.shared_memory_per_block_optin} bytes of shared memory a block: the staged "
+                            "kernel should run here")
+    kernel = f"the staged kernel, {blocks} blocks" if blocks else "the register kernel (this GPU runs no staged one)"
+    case = case_of("rms_norm_backward", x, "auto", extra=f"; {kernel}")
+    grad_x, grad_weight = rms_norm_backward(grad_y, x, weight, rstd, "auto", case=case)
+    check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, EPS, case=case)
+    register_x, _ = LAB.module.rms_norm_backward(grad_y, x, weight, rstd, path="registers")
+    if not torch.equal(grad_x.view(torch.int16 if element_bytes == 2 else torch.int32),
+                       register_x.view(torch.int16 if element_bytes == 2 else torch.int32)):
+        differ = int((grad_x != register_x).sum())
+        raise harness.GradeFailure(
+            f"{case}: grad_x differs from path='registers' in {differ} of {grad_x.numel()} elements\n  hint: both "
+            "kernels compute a row with backward_row_sums and backward_row_grad_x; a result that depends on anything "
+            "but the row's values (the kernel, the row's position, a value left from another row) differs between them")
+
+
 DETERMINISM_CASES = [
     pytest.param(FP32, (16384, 1000), "registers", id="16384x1000-float32-registers"),  # a warp per row: 8 warps' sums
     pytest.param(BF16, (8197, 4096), "auto", id="8197x4096-bfloat16-auto"),  # a block per row, 483 chunks of 17
@@ -2148,10 +2187,18 @@ MUTANTS = [
     harness.Mutant("grad-weight-sums-missing-syncthreads", "rms_norm.cu",
                    "  __syncthreads();  // every group's sums are in shared memory before group 0 reads them\n", "",
                    tests="test_rms_norm_backward and registers and (1027x33 or 16384x32)", expect="grad_weight"),
+    # The staged backward without its last step when a block's rows are not a multiple of kStagedRows: 1000 rows over
+    # 132 blocks leave 7 or 8 a block, and each block's last 3 rows go unwritten (NaN from the poisoned pool). Its
+    # cases run the staged kernel where the GPU holds its ring (sm_80, sm_90); elsewhere this mutant reads as not
+    # caught.
+    harness.Mutant("staged-drops-its-last-step", "rms_norm.cu",
+                   "const int64_t steps = course::ceil_div<int64_t>(count, kStagedRows);",
+                   "const int64_t steps = count / kStagedRows;",
+                   tests="test_rms_norm_backward_staged and 1000x4096", expect="grad_x"),
     # Stream misuse (issue 11, class 3): the backward's second kernel on the legacy default stream.
     harness.Mutant("finalize-on-legacy-stream", "rms_norm.cu",
-                   "grad_weight_finalize_kernel<T><<<finalize_blocks, kThreadsPerBlock, 0, stream>>>",
-                   "grad_weight_finalize_kernel<T><<<finalize_blocks, kThreadsPerBlock>>>",
+                   "grad_weight_finalize_kernel<T>\n      <<<finalize_blocks, kThreadsPerBlock, 0, stream>>>",
+                   "grad_weight_finalize_kernel<T>\n      <<<finalize_blocks, kThreadsPerBlock>>>",
                    tests="test_runs_on_current_stream", expect="legacy default stream"),
     # 32-bit index (issue 11, class 4): the streaming softmax's row offset kept in an int wraps at row 65536 of
     # 32768 (2^31): the last row is read and written 4 GiB before x and y.

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/module.cpp by `./course labs` [lab-hash f13596caf675].
+// Lab skeleton generated from solutions/07-fused-normalization/module.cpp by `./course labs` [lab-hash 670f527f7103].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's Python module: wrapper.h's functions bound with pybind11, and the kernels' fixed
@@ -72,6 +72,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "the longest row softmax's path='on_chip' takes on the current GPU for elements of element_bytes bytes, "
       "forward or backward; 0 where it takes none",
       py::arg("element_bytes"), py::arg("backward"));
+  m.def(
+      "staged_backward_blocks",
+      [](int64_t element_bytes, int64_t rows, int64_t n) -> int64_t {
+        switch (element_bytes) {
+          case 2: return rms_norm_backward_staged_blocks<__half>(rows, n);  // bfloat16 alike
+          case 4: return rms_norm_backward_staged_blocks<float>(rows, n);
+          case 8: return rms_norm_backward_staged_blocks<double>(rows, n);
+          default: throw py::value_error("staged_backward_blocks: element_bytes must be 2, 4 or 8");
+        }
+      },
+      "blocks (= rows of grad_weight partials) of the staged RMSNorm backward for rows x n, aligned, under path "
+      "'auto' on the current GPU; 0 where rms_norm_backward runs another kernel",
+      py::arg("element_bytes"), py::arg("rows"), py::arg("n"));
   m.def("grad_weight_chunks", &grad_weight_chunks,
         "rows of grad_weight partials (= blocks of the backward) for `rows` rows: a function of rows alone",
         py::arg("rows"));

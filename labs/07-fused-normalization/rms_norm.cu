@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash c7a28bbb4894].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash bd5b849d06f8].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -9,6 +9,7 @@
 //   grad_weight = the sum over rows of grad_y * x * rstd, a column sum, made bitwise reproducible
 //   as lab 06's grad_bias: per-chunk partial rows, then a second kernel that adds them in order.
 #include <course/cuda.cuh>
+#include <course/mma.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -86,6 +87,35 @@ void launch_rms_norm_forward(const T* x, const T* weight, T* y, Compute<T>* rstd
       });
 }
 
+// --8<-- [start:backward_row]
+// One row of the backward on a thread's slices of it (gs: grad_y, xs: x; 0 past the row's end), the arithmetic both
+// backward register kernels share. backward_row_sums adds grad_y * x * r of each of the thread's columns to its
+// sums and returns the thread's share of the row's dot, sum(weight * grad_y * x); once the kernel has added the row's
+// shares, backward_row_grad_x turns gs into grad_x = r g - r^3 (dot / n) x, g = weight * grad_y.
+template <typename T, int kRowThreads, int kElemsPerThread, int kElems>
+__device__ __forceinline__ Compute<T> backward_row_sums(const RowSlice<T, kRowThreads, kElemsPerThread, kElems>& gs,
+                                                        const RowSlice<T, kRowThreads, kElemsPerThread, kElems>& xs,
+                                                        const T* __restrict__ weight, int t, int64_t n, Compute<T> r,
+                                                        Compute<T> (&sums)[kElemsPerThread / kElems][kElems]) {
+  using C = Compute<T>;
+  using Slice = RowSlice<T, kRowThreads, kElemsPerThread, kElems>;
+  // TODO(lab07.5): for each column < n of the slice (weight: one Pack<T, kElems> at weight +
+  //   Slice::column(j, t)): add grad_y * x * r to sums, and g * x to the dot this returns, g = weight * grad_y
+  return C(0);  // no sums and no dot: grad_weight = 0, and grad_x without its second term
+}
+
+template <typename T, int kRowThreads, int kElemsPerThread, int kElems>
+__device__ __forceinline__ void backward_row_grad_x(RowSlice<T, kRowThreads, kElemsPerThread, kElems>& gs,
+                                                    const RowSlice<T, kRowThreads, kElemsPerThread, kElems>& xs,
+                                                    const T* __restrict__ weight, int t, int64_t n, Compute<T> r,
+                                                    Compute<T> dot) {
+  using C = Compute<T>;
+  using Slice = RowSlice<T, kRowThreads, kElemsPerThread, kElems>;
+  // TODO(lab07.5): c = r^3 (dot / n), rstd^3 mean(g x); then each value of gs (columns < n) becomes
+  //   r * g - c * x, with g = weight * grad_y computed again as backward_row_sums did (the kernel stores gs to grad_x)
+}
+// --8<-- [end:backward_row]
+
 // --8<-- [start:backward]
 // The register path of the backward. Block b owns rows [b rows_per_chunk, (b + 1) rows_per_chunk)
 // (the grid is grad_weight_chunks(rows) blocks); its kRowsPerBlock row groups take every
@@ -111,10 +141,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     gs.load(grad_y + row * n, n, t, C(0));
     xs.load(x + row * n, n, t, C(0));
     const C r = rstd[row];
-    // TODO(lab07.5): for each column < n of the slice (weight: one Pack<T, kElems> at weight +
-    //   Slice::column(j, t)): add grad_y * x * r to sums, then make gs.v the product g = weight * grad_y and add
-    //   g * x to the row's dot (row_all_reduce<kRowThreads>, SumOp<C>); then gs.v = r * g - (r^3 dot / n) * x
-    //   (gs is stored to grad_x for you)
+    // The row's dot: each thread's share, added over the row's threads (a warp, or the block).
+    const C dot = row_all_reduce<kRowThreads>(backward_row_sums(gs, xs, weight, t, n, r, sums), SumOp<C>{});
+    backward_row_grad_x(gs, xs, weight, t, n, r, dot);
     gs.store(grad_x + row * n, n, t);
   }
 
@@ -155,6 +184,154 @@ __global__ void __launch_bounds__(kStreamThreads)
 }
 // --8<-- [end:backward]
 
+// --8<-- [start:backward_staged]
+// The staged path of the backward (issue 13; 'auto' takes it where it runs: rms_norm_backward_staged_slots). The
+// register kernel's arithmetic, fed differently. The register kernel (a block of 256 threads a row) loads a row, waits
+// for it, reduces it over the block behind a barrier, stores, and only then loads the next: 64 bytes a thread in
+// flight, none across the barrier. Nsight Compute, H100, (8, 4096, 4096) bfloat16: DRAM 74% of peak, 24% of warp
+// slots active, 54% of the warps' stalls waiting on memory and 15% at the barrier. Here:
+//   - kStagedRows rows a step share one barrier: their dots are reduced together (RowDots);
+//   - the rows reach shared memory by cp.async, one step ahead of the step being computed (a ring of kStagedSteps
+//     steps), so loads stay in flight through the barrier; each thread copies exactly the packs it later reads,
+//     which makes its own wait_copies all the synchronization the ring needs;
+//   - a row is read from shared memory twice, before and after the barrier, instead of being held in registers
+//     across it;
+//   - one block an SM (the ring is kStagedSharedBytes), each taking rows b, b + G, b + 2G, ... of a grid of G: the
+//     blocks' loads at any moment fall on neighbouring rows, and block b's column sums are partials[b, :].
+// grad_x has the register kernel's bits (the same arithmetic and reduction order); grad_weight adds G partial rows,
+// G a property of the GPU (its SMs), so its bits are reproducible on one GPU but may differ on another.
+template <typename F, int kRows>
+struct RowDots {
+  F v[kRows];
+};
+template <typename F, int kRows>
+struct SumRowDots {
+  __device__ static RowDots<F, kRows> identity() { return {}; }
+  __device__ RowDots<F, kRows> operator()(RowDots<F, kRows> a, RowDots<F, kRows> b) const {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) a.v[k] += b.v[k];
+    return a;
+  }
+};
+template <typename F, int kRows>
+__device__ __forceinline__ RowDots<F, kRows> shfl_xor(RowDots<F, kRows> d, int offset) {
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) d.v[k] = shfl_xor(d.v[k], offset);
+  return d;
+}
+
+template <typename T, int kElemsPerThread, int kElems>
+__global__ void __launch_bounds__(kThreadsPerBlock, 1)
+    rms_norm_backward_staged_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ weight,
+                                    const Compute<T>* __restrict__ rstd, T* __restrict__ grad_x,
+                                    Compute<T>* __restrict__ partials, int64_t rows, int64_t n) {
+  using C = Compute<T>;
+  using Slice = RowSlice<T, kThreadsPerBlock, kElemsPerThread, kElems>;
+  using Dots = RowDots<C, kStagedRows>;
+  static_assert(sizeof(Pack<T, kElems>) == course::kChunkBytes, "a pack is one 16-byte cp.async");
+  static_assert(kStagedSharedBytes == kStagedSteps * kStagedRows * 2 * kThreadsPerBlock * kElemsPerThread * sizeof(T),
+                "the ring holds kStagedSteps steps of kStagedRows rows of grad_y and x");
+  constexpr int kWarps = kThreadsPerBlock / kWarpSize;
+  constexpr int64_t kRowSlots = int64_t{kThreadsPerBlock} * kElemsPerThread;  // a row's image, >= n elements
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  T* const ring = reinterpret_cast<T*>(staged_bytes);  // [kStagedSteps][kStagedRows][2: grad_y, x][kRowSlots]
+  __shared__ Dots warp_dots[2][kWarps];                // [step % 2]: one barrier a step (see below)
+  const int t = threadIdx.x, lane = t % kWarpSize;
+  const int64_t first = blockIdx.x, stride = gridDim.x;  // this block's rows: first, first + stride, ...
+  const int64_t count = (rows - first + stride - 1) / stride;
+  const int64_t steps = course::ceil_div<int64_t>(count, kStagedRows);
+  // Row k of a step, operand 0 (grad_y) or 1 (x), in shared memory: the row's packs at the columns they have in HBM.
+  auto staged_row = [&](int64_t step, int k, int operand) {
+    return ring + ((step % kStagedSteps * kStagedRows + k) * 2 + operand) * kRowSlots;
+  };
+  auto issue = [&](int64_t step) {
+    for (int k = 0; k < kStagedRows && step < steps; ++k) {
+      const int64_t index = step * kStagedRows + k;
+      if (index >= count) break;
+      const int64_t row = first + index * stride;
+#pragma unroll
+      for (int j = 0; j < Slice::kPacks; ++j) {
+        const int64_t col = Slice::column(j, t);
+        if (col >= n) continue;
+        course::copy_chunk_async(staged_row(step, k, 0) + col, grad_y + row * n + col, true);
+        course::copy_chunk_async(staged_row(step, k, 1) + col, x + row * n + col, true);
+      }
+    }
+    course::commit_copies();  // a group even when empty: wait_copies counts groups
+  };
+  for (int step = 0; step < kStagedSteps - 1; ++step) issue(step);
+  C sums[Slice::kPacks][kElems] = {};
+  for (int64_t step = 0; step < steps; ++step) {
+    // Into the slots this thread read a step ago; its reads of them are done (their values were used).
+    issue(step + kStagedSteps - 1);
+    C r[kStagedRows];
+#pragma unroll
+    for (int k = 0; k < kStagedRows; ++k) {
+      const int64_t index = step * kStagedRows + k;
+      r[k] = index < count ? rstd[first + index * stride] : C(0);
+    }
+    course::wait_copies<kStagedSteps - 1>();  // this step's group has landed: this thread's packs of its rows
+    reread_shared();
+    Dots dots = {};
+#pragma unroll
+    for (int k = 0; k < kStagedRows; ++k) {
+      if (step * kStagedRows + k >= count) continue;
+      Slice gs, xs;
+      gs.load(staged_row(step, k, 0), n, t, C(0));
+      xs.load(staged_row(step, k, 1), n, t, C(0));
+      dots.v[k] = backward_row_sums(gs, xs, weight, t, n, r[k], sums);
+    }
+    // The block all-reduce of lab 03 over kStagedRows dots at once, with two sets of slots: a warp writes this
+    // step's set again two steps later, after the next step's barrier, which every warp reaches only after its
+    // reads of this step's set; so one barrier a step, not two.
+    dots = warp_all_reduce(dots, SumRowDots<C, kStagedRows>{});
+    if (lane == 0) warp_dots[step % 2][t / kWarpSize] = dots;
+    __syncthreads();  // every warp's dots are in shared memory before any warp reads them
+    dots = warp_all_reduce(lane < kWarps ? warp_dots[step % 2][lane] : SumRowDots<C, kStagedRows>::identity(),
+                           SumRowDots<C, kStagedRows>{});
+#pragma unroll
+    for (int k = 0; k < kStagedRows; ++k) {
+      const int64_t index = step * kStagedRows + k;
+      if (index >= count) continue;
+      Slice gs, xs;
+      gs.load(staged_row(step, k, 0), n, t, C(0));
+      xs.load(staged_row(step, k, 1), n, t, C(0));
+      backward_row_grad_x(gs, xs, weight, t, n, r[k], dots.v[k]);
+      gs.store(grad_x + (first + index * stride) * n, n, t);
+    }
+  }
+  course::wait_copies<0>();  // (only empty groups are left) nothing in flight when the block exits
+#pragma unroll
+  for (int j = 0; j < Slice::kPacks; ++j) {
+    const int64_t col = Slice::column(j, t);
+    if (col >= n) continue;
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) partials[first * n + col + e] = sums[j][e];  // partials: (G, n)
+  }
+}
+// --8<-- [end:backward_staged]
+
+// Blocks the staged backward <T, kElemsPerThread, kElems> runs on the current GPU at once (its SMs times the blocks
+// an SM holds: one, at 128 KiB of ring), asked once per GPU; 0 where it does not run: an image without cp.async
+// (sm_75), or a shared-memory opt-in below the ring (sm_86, sm_89: 99 KiB), where 'auto' keeps the register kernel.
+template <typename T, int kElemsPerThread, int kElems>
+int rms_norm_backward_staged_slots() {
+  static course::PerDeviceCache cache;
+  return cache.get([] {
+    const auto kernel = rms_norm_backward_staged_kernel<T, kElemsPerThread, kElems>;
+    cudaFuncAttributes attributes;
+    COURSE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    if (attributes.ptxVersion < 80) return 0;
+    const int64_t opt_in = course::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    if (opt_in < kStagedSharedBytes + static_cast<int64_t>(attributes.sharedSizeBytes)) return 0;
+    course::opt_in_dynamic_shared(kernel, kStagedSharedBytes, "rms_norm_backward (staged rows)");
+    int blocks = 0;
+    COURSE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreadsPerBlock, kStagedSharedBytes));
+    return blocks * course::device_attribute(cudaDevAttrMultiProcessorCount);
+  });
+}
+
 // --8<-- [start:finalize]
 // grad_weight[col] = the sum of partials[0..chunks, col], as lab 06's finalize: a block takes 32
 // columns; row lane r adds chunks r, r + 8, r + 16, ... in that order, then row lane 0 adds the
@@ -178,6 +355,35 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 }
 // --8<-- [end:finalize]
 
+// The staged backward's grid (its rows of partials) for `rows` rows in register bucket <kRowThreads,
+// kElemsPerThread> with kElems-element packs; 0 where the launcher runs the register kernel instead: another bucket
+// or load width, a path other than 'auto', or a GPU the staged kernel does not run on.
+template <typename T, int kRowThreads, int kElemsPerThread, int kElems>
+constexpr bool kStageable = kRowThreads == kThreadsPerBlock && kElemsPerThread * sizeof(T) == kStagedThreadBytes &&
+                            kElems == kElemsPerVector<T>;
+
+template <typename T, int kRowThreads, int kElemsPerThread, int kElems>
+int64_t staged_grid(int64_t rows, RowPath path) {
+  if constexpr (kStageable<T, kRowThreads, kElemsPerThread, kElems>) {
+    if (path != RowPath::kAuto || rows == 0) return 0;
+    const int64_t slots = rms_norm_backward_staged_slots<T, kElemsPerThread, kElems>();
+    return std::min<int64_t>({rows, slots, grad_weight_chunks(rows)});  // <= the partials the caller allocates
+  } else {
+    return 0;
+  }
+}
+
+template <typename T>
+int64_t rms_norm_backward_staged_blocks(int64_t rows, int64_t n) {
+  if (n <= 0 || n % kElemsPerVector<T> != 0 || !use_registers<T>(RowPath::kAuto, n)) return 0;
+  int64_t grid = 0;
+  with_register_bucket<T>(n, [&](auto row_threads, auto elems_per_thread) {
+    grid = staged_grid<T, decltype(row_threads)::value, decltype(elems_per_thread)::value, kElemsPerVector<T>>(
+        rows, RowPath::kAuto);
+  });
+  return grid;
+}
+
 template <typename T>
 void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, const Compute<T>* rstd, T* grad_x,
                               T* grad_weight, Compute<T>* partials, int64_t rows, int64_t n, RowPath path,
@@ -192,9 +398,23 @@ void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, cons
   const int64_t chunks = grad_weight_chunks(rows);  // <= kMaxPartialRows blocks
   // One block per chunk on both paths: the partial rows are the same rows_per_chunk rows' sums.
   const int blocks = static_cast<int>(chunks);
+  int64_t partial_rows = chunks;  // the staged path writes fewer: one per block of its grid
   with_row_kernel<T>(
       n, path, {grad_y, x, weight, grad_x},
       [&](auto row_threads, auto elems_per_thread, auto elems) {
+        constexpr int kRowThreads = decltype(row_threads)::value, kE = decltype(elems_per_thread)::value;
+        constexpr int kPackElems = decltype(elems)::value;
+        if (const int64_t grid = staged_grid<T, kRowThreads, kE, kPackElems>(rows, path); grid > 0) {
+          if constexpr (kStageable<T, kRowThreads, kE, kPackElems>) {
+            const auto kernel = rms_norm_backward_staged_kernel<T, kE, kPackElems>;
+            course::opt_in_dynamic_shared(kernel, kStagedSharedBytes, "rms_norm_backward (staged rows)");
+            kernel<<<static_cast<int>(grid), kThreadsPerBlock, kStagedSharedBytes, stream>>>(grad_y, x, weight, rstd,
+                                                                                             grad_x, partials, rows, n);
+            COURSE_CHECK_LAUNCH();
+            partial_rows = grid;
+            return;
+          }
+        }
         rms_norm_backward_registers_kernel<T, decltype(row_threads)::value, decltype(elems_per_thread)::value,
                                            decltype(elems)::value><<<blocks, kThreadsPerBlock, 0, stream>>>(
             grad_y, x, weight, rstd, grad_x, partials, rows, n, rows_per_chunk);
@@ -208,7 +428,8 @@ void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, cons
   // A block per 32 columns (past INT_MAX blocks the strip loop covers the rest).
   const int finalize_blocks =
       static_cast<int>(std::min<int64_t>(course::ceil_div<int64_t>(n, kColumnThreads), INT32_MAX));
-  grad_weight_finalize_kernel<T><<<finalize_blocks, kThreadsPerBlock, 0, stream>>>(partials, chunks, n, grad_weight);
+  grad_weight_finalize_kernel<T>
+      <<<finalize_blocks, kThreadsPerBlock, 0, stream>>>(partials, partial_rows, n, grad_weight);
   COURSE_CHECK_LAUNCH();
 }
 
@@ -216,7 +437,8 @@ void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, cons
   template void launch_rms_norm_forward<T>(const T*, const T*, T*, Compute<T>*, int64_t, int64_t, double, RowPath, \
                                            cudaStream_t);                                                          \
   template void launch_rms_norm_backward<T>(const T*, const T*, const T*, const Compute<T>*, T*, T*, Compute<T>*,  \
-                                            int64_t, int64_t, RowPath, cudaStream_t);
+                                            int64_t, int64_t, RowPath, cudaStream_t);                              \
+  template int64_t rms_norm_backward_staged_blocks<T>(int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)
 INSTANTIATE(__half)

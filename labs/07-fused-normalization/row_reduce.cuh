@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/row_reduce.cuh by `./course labs` [lab-hash a5f4b651513c].
+// Lab skeleton generated from solutions/07-fused-normalization/row_reduce.cuh by `./course labs` [lab-hash b502fad27867].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's device helpers, shared by softmax.cu and rms_norm.cu: math in the compute type, the
@@ -120,6 +120,11 @@ __device__ __forceinline__ MaxSum<F> shfl_xor(MaxSum<F> v, int offset) {
   return {shfl_xor(v.m, offset), shfl_xor(v.s, offset)};
 }
 // --8<-- [end:online]
+
+// For the compiler only: shared memory is read again after this point rather than kept in registers
+// from before it (softmax's on-chip rows: which would hold the row's shared half in registers too, and
+// spill), nor read before it (the staged RMSNorm backward: before its cp.async wait).
+__device__ __forceinline__ void reread_shared() { asm volatile("" ::: "memory"); }
 
 // --8<-- [start:row_slice]
 // A thread's share of one row in registers: kElemsPerThread elements as kPacks packs of kElems

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/softmax.cu by `./course labs` [lab-hash f9fde72a9ee3].
+// Lab skeleton generated from solutions/07-fused-normalization/softmax.cu by `./course labs` [lab-hash fc414f87bb87].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, softmax over the last dimension: y = exp(x - m) / s per row, m the row's max (which
@@ -107,9 +107,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
-// For the compiler only: shared memory is read again after this point rather than kept in
-// registers from before it (which would hold the row's shared half in registers too, and spill).
-__device__ __forceinline__ void reread_shared() { asm volatile("" ::: "memory"); }
 // --8<-- [end:cp_async]
 
 // --8<-- [start:forward_on_chip]

@@ -170,6 +170,21 @@ constexpr int64_t kMaxPartialRows = 256;
 // The finalize kernel's block: 8 row lanes x 32 columns, as lab 06's.
 constexpr int kColumnThreads = course::kWarpSize;
 constexpr int kRowLanes = kThreadsPerBlock / kColumnThreads;
+
+// The staged backward (rms_norm.cu): rows copied to shared memory by cp.async a step ahead, kStagedRows rows
+// reduced behind one barrier. It takes the register bucket of 32 bytes of each operand a thread (2 packs: 16-bit
+// rows of 2049-4096, float rows of 1025-2048, where the register kernel measured 84% of copy at (8, 4096, 4096)
+// bfloat16 on an H100). Its ring: 2 steps x 4 rows x 2 operands (grad_y, x) x 256 threads x 32 bytes = 128 KiB, one
+// block an SM. Measured with tools/gpu/probe/lab07_rms_bwd.py (H100, (8, 4096, 4096) bfloat16, % of copy; rows x
+// steps, blocks an SM): 4 x 2, 1: 95.1-95.5%; 4 x 3, 1: 94.9; 6 x 2, 1: 92.7; 2 x 2, 2: 93.1-93.5; 3 x 2, 2: 90.1;
+// 2 x 2, 1: 82.2; 2 x 3, 1: 83.1; one row a step, 2-4 an SM: 87.2-93.3; the register kernel 83.2-83.9.
+constexpr int kStagedRows = 4;
+constexpr int kStagedSteps = 2;
+constexpr int kStagedThreadBytes = 2 * kVectorBytes;
+constexpr int kStagedSharedBytes = kStagedSteps * kStagedRows * 2 * kThreadsPerBlock * kStagedThreadBytes;
+static_assert(
+    kStagedSharedBytes == 128 * 1024 && kStagedSharedBytes <= 163 * 1024,
+    "128 KiB: within sm_80's 163 KiB opt-in and sm_90's 227, above sm_86's and sm_89's 99 (no staging there)");
 // --8<-- [end:constants]
 
 // Rows per grad_weight chunk and the number of chunks (= rows of partials): functions of rows
@@ -219,6 +234,11 @@ void launch_softmax_backward(const T* grad_y, const T* y, T* grad_x, int64_t row
 template <typename T>
 void launch_rms_norm_forward(const T* x, const T* weight, T* y, Compute<T>* rstd, int64_t rows, int64_t n, double eps,
                              RowPath path, cudaStream_t stream);
+
+// The staged backward's blocks (= its rows of grad_weight partials) for rows x n with 16-byte-aligned tensors on the
+// current GPU under path 'auto'; 0 where the backward runs another kernel.
+template <typename T>
+int64_t rms_norm_backward_staged_blocks(int64_t rows, int64_t n);
 
 // grad_x (rows x n) and grad_weight (n,) of the RMSNorm, from the forward's rstd. `partials` is
 // scratch the caller allocates: grad_weight_chunks(rows) x n of Compute<T>.

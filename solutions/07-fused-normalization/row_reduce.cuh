@@ -122,6 +122,11 @@ __device__ __forceinline__ MaxSum<F> shfl_xor(MaxSum<F> v, int offset) {
 }
 // --8<-- [end:online]
 
+// For the compiler only: shared memory is read again after this point rather than kept in registers
+// from before it (softmax's on-chip rows: which would hold the row's shared half in registers too, and
+// spill), nor read before it (the staged RMSNorm backward: before its cp.async wait).
+__device__ __forceinline__ void reread_shared() { asm volatile("" ::: "memory"); }
+
 // --8<-- [start:row_slice]
 // A thread's share of one row in registers: kElemsPerThread elements as kPacks packs of kElems
 // (kElems = kElemsPerVector<T> when the row is vectorizable(), else 1). Pack j is at column

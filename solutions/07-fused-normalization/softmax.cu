@@ -140,9 +140,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
-// For the compiler only: shared memory is read again after this point rather than kept in
-// registers from before it (which would hold the row's shared half in registers too, and spill).
-__device__ __forceinline__ void reread_shared() { asm volatile("" ::: "memory"); }
 // --8<-- [end:cp_async]
 
 // --8<-- [start:forward_on_chip]
