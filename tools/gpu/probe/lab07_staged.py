@@ -1,6 +1,6 @@
 """Lab 07's RMSNorm backward, the staged kernel against the register kernel, over the staged bucket's shapes.
 
-    python3 tools/gpu/probe/lab07_staged.py [--impl solutions]   (JSON: $OUT/lab07-staged.json)
+    python3 tools/gpu/probe/lab07_staged.py [--impl solutions] [--first]   (JSON: $OUT/lab07-staged.json)
 
 The staged kernel (solutions/07-fused-normalization/rms_norm.cu, rms_norm_backward_staged_kernel) takes 16-bit rows
 of 2049-4096 elements and float rows of 1025-2048 under path='auto'; path='registers' forces the register kernel.
@@ -25,6 +25,8 @@ IMPL = sys.argv[sys.argv.index("--impl") + 1] if "--impl" in sys.argv else "solu
 SHAPES = [((8, 4096, 4096), torch.bfloat16), ((8, 4096, 4096), torch.float16), ((4096, 4096), torch.bfloat16),
           ((32768, 3000), torch.bfloat16), ((32768, 2048), torch.float32), ((65536, 1536), torch.float32),
           ((8, 4096, 2048), torch.bfloat16)]  # the last: the register kernel's E = 8 bucket, 'auto' = 'registers'
+if "--first" in sys.argv:  # the issue's shape only (a variant's quick check)
+    SHAPES = SHAPES[:1]
 
 jit.ensure_arch_list()
 lab = jit.load_lab(ROOT / IMPL / "07-fused-normalization", ROOT)
