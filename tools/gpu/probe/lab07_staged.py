@@ -55,6 +55,5 @@ for shape, dtype in SHAPES:
     out["rows"].append(row)
     print(f"  {str(shape):<18} {row['dtype']:<9} staged blocks {blocks:4d}  grad_x equal {same}  auto {ms[0]:.4f} ms "
           f"({pct[0]:5.1f}%)  registers {ms[1]:.4f} ms ({pct[1]:5.1f}%)  {ms[1] / ms[0]:.3f}x", flush=True)
-    del x, grad_y, w, rstd
 Path(os.environ.get("OUT", "build")).mkdir(parents=True, exist_ok=True)
 Path(os.environ.get("OUT", "build"), "lab07-staged.json").write_text(json.dumps(out, indent=1))
