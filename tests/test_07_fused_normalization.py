@@ -1116,17 +1116,19 @@ def test_rms_norm_backward_3d(shape, dtype, path):
     check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, EPS, case=case)
 
 
-# The staged backward (rms_norm.cu: rms_norm_backward_staged_kernel), which 'auto' runs for rows of its register
-# bucket (16-bit rows of 2049-4096 elements, float rows of 1025-2048, 16-byte aligned) on a GPU that holds its 128 KiB
-# ring (sm_80, sm_90). Cases: fewer rows than SMs (a block a row), last steps of 1-3 rows (1000 rows over 132 blocks:
-# 7 or 8 each), rows shorter than the ring's row image (3000, 2056, 1032), a 3-D input.
-STAGED_CASES = [((7, 4096), FP16), ((1000, 4096), BF16), ((133, 3000), BF16), ((265, 2048), FP32), ((1, 1032), FP32),
-                ((2, 300, 2056), FP16)]
+# The staged backward (rms_norm.cu: rms_norm_backward_staged_kernel), which 'auto' runs for rows that fill its row
+# image (16-bit rows of 4096, float rows of 2048, 16-byte aligned) on a GPU that holds its 128 KiB ring (sm_80,
+# sm_90). Cases: fewer rows than SMs (a block a row), last steps of 1-3 rows (1000 rows over 132 blocks: 7 or 8
+# each), a 3-D input; and rows of 3000 and 2056, in its bucket but not filling it, which 'auto' leaves to the register
+# kernel (staged_backward_blocks 0).
+STAGED_CASES = [((7, 4096), FP16), ((1000, 4096), BF16), ((133, 4096), BF16), ((265, 2048), FP32), ((1, 2048), FP32),
+                ((2, 300, 4096), FP16)]
+NOT_STAGED_CASES = [((133, 3000), BF16), ((3, 2056), FP16)]
 
 
 @requires_gpu
 @pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
-                                          for s, d in STAGED_CASES])
+                                          for s, d in STAGED_CASES + NOT_STAGED_CASES])
 @harness.tasks("lab07.5", "lab07.6")
 def test_rms_norm_backward_staged(shape, dtype):
     """path='auto' in the staged kernel's bucket: the gradients pass the rule, and grad_x has the bits of
@@ -1136,7 +1138,9 @@ def test_rms_norm_backward_staged(shape, dtype):
     n, element_bytes = shape[-1], torch.empty((), dtype=dtype).element_size()
     blocks = int(LAB.module.staged_backward_blocks(element_bytes, rows_of(shape), n))
     properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if (properties.major, properties.minor) >= (8, 0) and properties.shared_memory_per_block_optin >= 129 * 1024:
+    if (shape, dtype) in NOT_STAGED_CASES:
+        assert blocks == 0, f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is {blocks}, not 0"
+    elif (properties.major, properties.minor) >= (8, 0) and properties.shared_memory_per_block_optin >= 129 * 1024:
         assert blocks > 0, (f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is 0 on a GPU of compute "
                             f"capability {properties.major}.{properties.minor} with "
                             f"{properties.shared_memory_per_block_optin} bytes of shared memory a block: the staged "
@@ -1808,6 +1812,9 @@ LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # H200's F.rms_norm is relatively faster), so 1.1 for both machines; the backward 0.73-0.75x copy (0.261-0.263 ms),
 # so 0.70 (issue 13's 1.1x forward + backward waits on a faster backward: the probe's "2rows", tools/gpu/NOTES.md,
 # measured 0.90x there, but the lab's first version of it measured 0.75x and was taken out).
+# The staged backward (2026-11-26, tools/gpu/NOTES.md): 0.93-0.94x copy on an H100 in this file's perf test and in
+# tools/gpu/probe/lab07_staged.py, where the register kernel measured 0.81x; not yet run on an H200, where the register
+# kernel measured 0.88 of its H100 figure: so 0.80 (0.93 x 0.88 = 0.82).
 # Where this GPU does not take 65536-long float32 rows on chip (the forward past sm_80's shared memory, the backward
 # before sm_90), 'auto' streams, and is held to the streaming bars (_long_row_bars).
 # Student bars (issue 11, class 6): a straightforward fused kernel passes, the lesson's technique removed fails:
@@ -1822,7 +1829,7 @@ PERF_BARS = {
     ("rms_norm forward vs copy", BF16): (0.92, 0.65),
     ("rms_norm forward vs F.rms_norm", BF16): (1.1, 0.7),
     ("rms_norm forward vs compiled", BF16): (0.95, 0.7),
-    ("rms_norm backward vs copy", BF16): (0.70, 0.60),
+    ("rms_norm backward vs copy", BF16): (0.80, 0.60),
     ("rms_norm forward+backward vs compiled", BF16): (0.95, 0.8),
     ("softmax forward vs copy", FP32): (0.90, 0.65),
     ("softmax forward vs copy, long rows", FP32): (0.85, 0.55),

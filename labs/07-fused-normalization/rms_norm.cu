@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 00a2e4167101].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 36bacaa3feb7].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kStreamThreads)
 // --8<-- [end:backward]
 
 // --8<-- [start:backward_staged]
-// The staged path of the backward (issue 13; 'auto' takes it where it runs: rms_norm_backward_staged_slots). The
+// The staged path of the backward (issue 13; 'auto' takes it for full rows where it runs: staged_grid). The
 // register kernel's arithmetic, fed differently. The register kernel (a block of 256 threads a row) loads a row, waits
 // for it, reduces it over the block behind a barrier, stores, and only then loads the next: 64 bytes a thread in
 // flight, none across the barrier. Nsight Compute, H100, (8, 4096, 4096) bfloat16: DRAM 74% of peak, 24% of warp
@@ -220,30 +220,28 @@ __device__ __forceinline__ RowDots<F, kRows> shfl_xor(RowDots<F, kRows> d, int o
   return d;
 }
 
-// A row length known at compile time, usable wherever an int64_t n is (std::integral_constant's conversion is host
-// only without --expt-relaxed-constexpr).
-template <int64_t kLength>
-struct FixedLength {
-  __host__ __device__ constexpr operator int64_t() const { return kLength; }
-};
-
-// The staged kernel's body for rows of n elements: n an int64_t, or a FixedLength where n fills the row
-// image (kThreadsPerBlock x kElemsPerThread), which lets the compiler drop every column check. With the checks,
-// ptxas 13.0 wrapped the packs' loads and arithmetic in branches of their own (cuobjdump, sm_90a: 64 BSSY / BSYNC
-// pairs and 98 branches, against none and 22 in tools/gpu/probe/lab07_rms_bwd.py's kernel for n = 4096), and the
-// kernel measured 79% of copy against the probe's 95% (tools/gpu/NOTES.md).
-template <typename T, int kElemsPerThread, int kElems, typename N>
-__device__ __forceinline__ void staged_backward_rows(
-    const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ weight,
-    const Compute<T>* __restrict__ rstd, T* __restrict__ grad_x, Compute<T>* __restrict__ partials, int64_t rows, N n,
-    T* ring, RowDots<Compute<T>, kStagedRows> (&warp_dots)[2][kThreadsPerBlock / kWarpSize]) {
+// The staged kernel takes rows that fill its row image, n = kThreadsPerBlock x kElemsPerThread (16-bit rows of 4096,
+// float rows of 2048; staged_grid launches it for no other n), with n a compile-time constant: every column check of
+// RowSlice and of the row's arithmetic then folds away. With n a run-time value, ptxas 13.0 wrapped the packs' loads
+// and arithmetic in branches of their own (cuobjdump, sm_90a: 64 BSSY / BSYNC pairs and 98 branches, against none
+// and 22 in tools/gpu/probe/lab07_rms_bwd.py's kernel), and the kernel measured 79% of copy against the probe's 95%;
+// a run-time n that is not the row image's length (3000 bfloat16) measured slower than the register kernel.
+template <typename T, int kElemsPerThread, int kElems>
+__global__ void __launch_bounds__(kThreadsPerBlock, 1)
+    rms_norm_backward_staged_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ weight,
+                                    const Compute<T>* __restrict__ rstd, T* __restrict__ grad_x,
+                                    Compute<T>* __restrict__ partials, int64_t rows) {
   using C = Compute<T>;
   using Slice = RowSlice<T, kThreadsPerBlock, kElemsPerThread, kElems>;
   static_assert(sizeof(Pack<T, kElems>) == course::kChunkBytes, "a pack is one 16-byte cp.async");
   static_assert(kStagedSharedBytes == kStagedSteps * kStagedRows * 2 * kThreadsPerBlock * kElemsPerThread * sizeof(T),
                 "the ring holds kStagedSteps steps of kStagedRows rows of grad_y and x");
   constexpr int kWarps = kThreadsPerBlock / kWarpSize;
-  constexpr int64_t kRowSlots = int64_t{kThreadsPerBlock} * kElemsPerThread;  // a row's image, >= n elements
+  constexpr int64_t n = int64_t{kThreadsPerBlock} * kElemsPerThread;  // the row fills its image exactly
+  constexpr int64_t kRowSlots = n;
+  extern __shared__ __align__(16) unsigned char staged_bytes[];
+  T* const ring = reinterpret_cast<T*>(staged_bytes);       // [kStagedSteps][kStagedRows][2: grad_y, x][kRowSlots]
+  __shared__ RowDots<C, kStagedRows> warp_dots[2][kWarps];  // [step % 2]: one barrier a step (see below)
   // t < kThreadsPerBlock said to the compiler: with n a constant, column(j, t) < n is then known true, and the
   // checks of every pack fold away.
   const int t = threadIdx.x % kThreadsPerBlock, lane = t % kWarpSize;
@@ -320,23 +318,6 @@ __device__ __forceinline__ void staged_backward_rows(
   }
 }
 
-template <typename T, int kElemsPerThread, int kElems>
-__global__ void __launch_bounds__(kThreadsPerBlock, 1)
-    rms_norm_backward_staged_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ weight,
-                                    const Compute<T>* __restrict__ rstd, T* __restrict__ grad_x,
-                                    Compute<T>* __restrict__ partials, int64_t rows, int64_t n) {
-  constexpr int64_t kRowSlots = int64_t{kThreadsPerBlock} * kElemsPerThread;
-  extern __shared__ __align__(16) unsigned char staged_bytes[];
-  T* const ring = reinterpret_cast<T*>(staged_bytes);  // [kStagedSteps][kStagedRows][2: grad_y, x][kRowSlots]
-  __shared__ RowDots<Compute<T>, kStagedRows> warp_dots[2][kThreadsPerBlock / kWarpSize];  // [step % 2]: see below
-  if (n == kRowSlots) {
-    staged_backward_rows<T, kElemsPerThread, kElems>(grad_y, x, weight, rstd, grad_x, partials, rows,
-                                                     FixedLength<kRowSlots>{}, ring, warp_dots);
-  } else {
-    staged_backward_rows<T, kElemsPerThread, kElems>(grad_y, x, weight, rstd, grad_x, partials, rows, n, ring,
-                                                     warp_dots);
-  }
-}
 // --8<-- [end:backward_staged]
 
 // Blocks the staged backward <T, kElemsPerThread, kElems> runs on the current GPU at once (its SMs times the blocks
@@ -391,9 +372,9 @@ constexpr bool kStageable = kRowThreads == kThreadsPerBlock && kElemsPerThread *
                             kElems == kElemsPerVector<T>;
 
 template <typename T, int kRowThreads, int kElemsPerThread, int kElems>
-int64_t staged_grid(int64_t rows, RowPath path) {
+int64_t staged_grid(int64_t rows, int64_t n, RowPath path) {
   if constexpr (kStageable<T, kRowThreads, kElemsPerThread, kElems>) {
-    if (path != RowPath::kAuto || rows == 0) return 0;
+    if (path != RowPath::kAuto || rows == 0 || n != int64_t{kRowThreads} * kElemsPerThread) return 0;
     const int64_t slots = rms_norm_backward_staged_slots<T, kElemsPerThread, kElems>();
     return std::min<int64_t>({rows, slots, grad_weight_chunks(rows)});  // <= the partials the caller allocates
   } else {
@@ -407,7 +388,7 @@ int64_t rms_norm_backward_staged_blocks(int64_t rows, int64_t n) {
   int64_t grid = 0;
   with_register_bucket<T>(n, [&](auto row_threads, auto elems_per_thread) {
     grid = staged_grid<T, decltype(row_threads)::value, decltype(elems_per_thread)::value, kElemsPerVector<T>>(
-        rows, RowPath::kAuto);
+        rows, n, RowPath::kAuto);
   });
   return grid;
 }
@@ -432,12 +413,12 @@ void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, cons
       [&](auto row_threads, auto elems_per_thread, auto elems) {
         constexpr int kRowThreads = decltype(row_threads)::value, kE = decltype(elems_per_thread)::value;
         constexpr int kPackElems = decltype(elems)::value;
-        if (const int64_t grid = staged_grid<T, kRowThreads, kE, kPackElems>(rows, path); grid > 0) {
+        if (const int64_t grid = staged_grid<T, kRowThreads, kE, kPackElems>(rows, n, path); grid > 0) {
           if constexpr (kStageable<T, kRowThreads, kE, kPackElems>) {
             const auto kernel = rms_norm_backward_staged_kernel<T, kE, kPackElems>;
             course::opt_in_dynamic_shared(kernel, kStagedSharedBytes, "rms_norm_backward (staged rows)");
             kernel<<<static_cast<int>(grid), kThreadsPerBlock, kStagedSharedBytes, stream>>>(grad_y, x, weight, rstd,
-                                                                                             grad_x, partials, rows, n);
+                                                                                             grad_x, partials, rows);
             COURSE_CHECK_LAUNCH();
             partial_rows = grid;
             return;

@@ -172,12 +172,12 @@ constexpr int kColumnThreads = course::kWarpSize;
 constexpr int kRowLanes = kThreadsPerBlock / kColumnThreads;
 
 // The staged backward (rms_norm.cu): rows copied to shared memory by cp.async a step ahead, kStagedRows rows
-// reduced behind one barrier. It takes the register bucket of 32 bytes of each operand a thread (2 packs: 16-bit
-// rows of 2049-4096, float rows of 1025-2048, where the register kernel measured 84% of copy at (8, 4096, 4096)
-// bfloat16 on an H100). Its ring: 2 steps x 4 rows x 2 operands (grad_y, x) x 256 threads x 32 bytes = 128 KiB, one
-// block an SM. Measured with tools/gpu/probe/lab07_rms_bwd.py (H100, (8, 4096, 4096) bfloat16, % of copy; rows x
-// steps, blocks an SM): 4 x 2, 1: 95.1-95.5%; 4 x 3, 1: 94.9; 6 x 2, 1: 92.7; 2 x 2, 2: 93.1-93.5; 3 x 2, 2: 90.1;
-// 2 x 2, 1: 82.2; 2 x 3, 1: 83.1; one row a step, 2-4 an SM: 87.2-93.3; the register kernel 83.2-83.9.
+// reduced behind one barrier. It takes the rows that fill the register bucket of 32 bytes of each operand a thread
+// (2 packs): 16-bit rows of 4096 and float rows of 2048, where the register kernel measured 81-84% of copy at
+// (8, 4096, 4096) bfloat16 on an H100. Its ring: 2 steps x 4 rows x 2 operands (grad_y, x) x 256 threads x 32 bytes =
+// 128 KiB, one block an SM. Measured with tools/gpu/probe/lab07_rms_bwd.py (H100, (8, 4096, 4096) bfloat16, % of copy;
+// rows x steps, blocks an SM): 4 x 2, 1: 95.1-95.5%; 4 x 3, 1: 94.9; 6 x 2, 1: 92.7; 2 x 2, 2: 93.1-93.5; 3 x 2,
+// 2: 90.1; 2 x 2, 1: 82.2; 2 x 3, 1: 83.1; one row a step, 2-4 an SM: 87.2-93.3; the register kernel 83.2-83.9.
 constexpr int kStagedRows = 4;
 constexpr int kStagedSteps = 2;
 constexpr int kStagedThreadBytes = 2 * kVectorBytes;
