@@ -69,6 +69,16 @@ __device__ __forceinline__ uint4 narrow8(const float (&f)[8]) {
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+// A 256-thread block's column sums (thread t: packs j 256 + t) -> partials[blockIdx.x, :], as float4 stores.
+template <int kPacks>
+__device__ __forceinline__ void write_partials(float* partials, const float (&sums)[kPacks][8], int t) {
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    float4* dst = reinterpret_cast<float4*>(partials + int64_t(blockIdx.x) * kN + (j * 256 + t) * 8);
+    dst[0] = make_float4(sums[j][0], sums[j][1], sums[j][2], sums[j][3]);
+    dst[1] = make_float4(sums[j][4], sums[j][5], sums[j][6], sums[j][7]);
+  }
+}
 template <int kRowThreads>
 __device__ __forceinline__ void group_barrier(int group) {  // the kRowThreads threads of one row group
   if constexpr (kRowThreads == 256) __syncthreads();
@@ -316,12 +326,7 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    float4* dst = reinterpret_cast<float4*>(partials + int64_t(blockIdx.x) * kN + (j * 256 + t) * 8);
-    dst[0] = make_float4(sums[j][0], sums[j][1], sums[j][2], sums[j][3]);
-    dst[1] = make_float4(sums[j][4], sums[j][5], sums[j][6], sums[j][7]);
-  }
+  write_partials(partials, sums, t);
 }
 
 // Step variants (2026-11-28, after Nsight Compute put 30% of strided ring2's warp stalls at the row's barrier, 24%
@@ -419,12 +424,7 @@ __global__ void __launch_bounds__(256, kMinBlocks)
     }
   }
   cp_async_wait<0>();
-#pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    float4* dst = reinterpret_cast<float4*>(partials + int64_t(blockIdx.x) * kN + (j * 256 + t) * 8);
-    dst[0] = make_float4(sums[j][0], sums[j][1], sums[j][2], sums[j][3]);
-    dst[1] = make_float4(sums[j][4], sums[j][5], sums[j][6], sums[j][7]);
-  }
+  write_partials(partials, sums, t);
 }
 
 template <int kRows, int kStages, int kMinBlocks>
