@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 36bacaa3feb7].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash cd4c16e9ca94].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -101,7 +101,7 @@ __device__ __forceinline__ Compute<T> backward_row_sums(const RowSlice<T, kRowTh
   using Slice = RowSlice<T, kRowThreads, kElemsPerThread, kElems>;
   // TODO(lab07.5): for each column < n of the slice (weight: one Pack<T, kElems> at weight +
   //   Slice::column(j, t)): add grad_y * x * r to sums, and g * x to the dot this returns, g = weight * grad_y
-  return C(0);  // no sums and no dot: grad_weight = 0, and grad_x without its second term
+  return C(0);  // no sums and no dot: grad_weight = 0
 }
 
 template <typename T, int kRowThreads, int kElemsPerThread, int kElems>

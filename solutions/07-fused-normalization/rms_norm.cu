@@ -151,7 +151,7 @@ __device__ __forceinline__ Compute<T> backward_row_sums(const RowSlice<T, kRowTh
   }
   return dot;
   // SOLUTION STUB
-  // return C(0);  // no sums and no dot: grad_weight = 0, and grad_x without its second term
+  // return C(0);  // no sums and no dot: grad_weight = 0
   // SOLUTION END
 }
 
