@@ -42,8 +42,9 @@ from torch.utils.cpp_extension import load_inline
 
 ROOT = Path(__file__).resolve().parents[3]
 LAB_DIR = ROOT / "solutions" / "07-fused-normalization"
-# (name, variant number in run_backward, most partial rows). 2026-11-28: the ring variants; the first probe's
-# prefetch and half-block rows variants (H200: 73.2% and 88.3% of copy, tools/gpu/NOTES.md) are left out.
+# (name, variant number in run_backward, most partial rows): the last call's list (2026-11-26, sixth session), where
+# "lab" is the lab's own backward, since then the staged kernel (the step 4 x 2 below, adopted). run_backward's switch
+# has every kernel tried: the first probe's, the ring and the step variants; their figures are in tools/gpu/NOTES.md.
 VARIANTS = (("step 4x2, 1/SM, 132", 146, 132),)
 EPS = 1e-6
 CUDA = r"""
@@ -245,7 +246,7 @@ static void finalize(int mode, float* partials, int64_t chunks, void* gw, cudaSt
   if (mode == 1) finalize_kernel<32><<<kN / 32, 1024, 0, s>>>(partials, chunks, static_cast<__nv_bfloat16*>(gw));
 }
 
-// Ring variants (2026-11-28): rows staged in shared memory by cp.async, kStages - 1 rows ahead of the one being
+// Ring variants (2026-11-26): rows staged in shared memory by cp.async, kStages - 1 rows ahead of the one being
 // computed, so loads stay in flight through each row's reduction and stores. A 256-thread block a row, as the lab's;
 // thread t copies exactly the packs it later reads (pack j of each tensor at j 256 + t), so a thread's own
 // cp.async.wait_group is all the synchronization the staging needs: no barrier but the reduction's. rstd is loaded
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(256, 2)
   write_partials(partials, sums, t);
 }
 
-// Step variants (2026-11-28, after Nsight Compute put 30% of strided ring2's warp stalls at the row's barrier, 24%
+// Step variants (2026-11-26, after Nsight Compute put 30% of strided ring2's warp stalls at the row's barrier, 24%
 // warps active: 2 blocks an SM, 93 registers): kRows rows a step share one barrier, and each row is read again from
 // shared memory after it (not held in registers across it), so registers stay low enough for kMinBlocks blocks an
 // SM. Rows strided over the grid (block b: rows b, b + G, ...), kStages steps of kRows rows in the ring.
