@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash cd4c16e9ca94].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 3171f84018b7].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -238,9 +238,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
                 "the ring holds kStagedSteps steps of kStagedRows rows of grad_y and x");
   constexpr int kWarps = kThreadsPerBlock / kWarpSize;
   constexpr int64_t n = int64_t{kThreadsPerBlock} * kElemsPerThread;  // the row fills its image exactly
-  constexpr int64_t kRowSlots = n;
   extern __shared__ __align__(16) unsigned char staged_bytes[];
-  T* const ring = reinterpret_cast<T*>(staged_bytes);       // [kStagedSteps][kStagedRows][2: grad_y, x][kRowSlots]
+  T* const ring = reinterpret_cast<T*>(staged_bytes);       // [kStagedSteps][kStagedRows][2: grad_y, x][n]
   __shared__ RowDots<C, kStagedRows> warp_dots[2][kWarps];  // [step % 2]: one barrier a step (see below)
   // t < kThreadsPerBlock said to the compiler: with n a constant, column(j, t) < n is then known true, and the
   // checks of every pack fold away.
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   const int64_t steps = course::ceil_div<int64_t>(count, kStagedRows);
   // Row k of a step, operand 0 (grad_y) or 1 (x), in shared memory: the row's packs at the columns they have in HBM.
   auto staged_row = [&](int64_t step, int k, int operand) {
-    return ring + ((step % kStagedSteps * kStagedRows + k) * 2 + operand) * kRowSlots;
+    return ring + ((step % kStagedSteps * kStagedRows + k) * 2 + operand) * n;
   };
   auto issue = [&](int64_t step) {
     for (int k = 0; k < kStagedRows && step < steps; ++k) {
@@ -258,9 +257,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       if (index >= count) break;
       const int64_t row = first + index * stride;
 #pragma unroll
-      for (int j = 0; j < Slice::kPacks; ++j) {
+      for (int j = 0; j < Slice::kPacks; ++j) {  // every pack inside the row: n fills the image
         const int64_t col = Slice::column(j, t);
-        if (col >= n) continue;
         course::copy_chunk_async(staged_row(step, k, 0) + col, grad_y + row * n + col, true);
         course::copy_chunk_async(staged_row(step, k, 1) + col, x + row * n + col, true);
       }
@@ -312,7 +310,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 #pragma unroll
   for (int j = 0; j < Slice::kPacks; ++j) {
     const int64_t col = Slice::column(j, t);
-    if (col >= n) continue;
 #pragma unroll
     for (int e = 0; e < kElems; ++e) partials[first * n + col + e] = sums[j][e];  // partials: (G, n)
   }
@@ -384,7 +381,7 @@ int64_t staged_grid(int64_t rows, int64_t n, RowPath path) {
 
 template <typename T>
 int64_t rms_norm_backward_staged_blocks(int64_t rows, int64_t n) {
-  if (n <= 0 || n % kElemsPerVector<T> != 0 || !use_registers<T>(RowPath::kAuto, n)) return 0;
+  if (!use_registers<T>(RowPath::kAuto, n)) return 0;  // staged_grid takes only the n that fills a bucket
   int64_t grid = 0;
   with_register_bucket<T>(n, [&](auto row_threads, auto elems_per_thread) {
     grid = staged_grid<T, decltype(row_threads)::value, decltype(elems_per_thread)::value, kElemsPerVector<T>>(
