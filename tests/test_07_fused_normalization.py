@@ -1138,9 +1138,11 @@ def test_rms_norm_backward_staged(shape, dtype):
     n, element_bytes = shape[-1], torch.empty((), dtype=dtype).element_size()
     blocks = int(LAB.module.staged_backward_blocks(element_bytes, rows_of(shape), n))
     properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    # The ring, and 1 KiB for the kernel's static shared memory (its warps' dots: 256 bytes, ptxas 13.0).
+    room = constants()["staged_shared_bytes"] + 1024
     if (shape, dtype) in NOT_STAGED_CASES:
         assert blocks == 0, f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is {blocks}, not 0"
-    elif (properties.major, properties.minor) >= (8, 0) and properties.shared_memory_per_block_optin >= 129 * 1024:
+    elif (properties.major, properties.minor) >= (8, 0) and properties.shared_memory_per_block_optin >= room:
         assert blocks > 0, (f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is 0 on a GPU of compute "
                             f"capability {properties.major}.{properties.minor} with "
                             f"{properties.shared_memory_per_block_optin} bytes of shared memory a block: the staged "
@@ -1150,8 +1152,7 @@ def test_rms_norm_backward_staged(shape, dtype):
     grad_x, grad_weight = rms_norm_backward(grad_y, x, weight, rstd, "auto", case=case)
     check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, EPS, case=case)
     register_x, _ = LAB.module.rms_norm_backward(grad_y, x, weight, rstd, path="registers")
-    if not torch.equal(grad_x.view(torch.int16 if element_bytes == 2 else torch.int32),
-                       register_x.view(torch.int16 if element_bytes == 2 else torch.int32)):
+    if not torch.equal(harness.calls.bits(grad_x), harness.calls.bits(register_x)):
         differ = int((grad_x != register_x).sum())
         raise harness.GradeFailure(
             f"{case}: grad_x differs from path='registers' in {differ} of {grad_x.numel()} elements\n  hint: both "
@@ -1161,7 +1162,8 @@ def test_rms_norm_backward_staged(shape, dtype):
 
 DETERMINISM_CASES = [
     pytest.param(FP32, (16384, 1000), "registers", id="16384x1000-float32-registers"),  # a warp per row: 8 warps' sums
-    pytest.param(BF16, (8197, 4096), "auto", id="8197x4096-bfloat16-auto"),  # a block per row, 483 chunks of 17
+    # a block per row: 483 chunks of 17 (the register kernel), or one partial row a block of the staged kernel's grid
+    pytest.param(BF16, (8197, 4096), "auto", id="8197x4096-bfloat16-auto"),
     pytest.param(BF16, (513, 65536), "streaming", id="513x65536-bfloat16-streaming", marks=LARGE),  # 257 chunks of 2
 ]
 

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/module.cpp by `./course labs` [lab-hash 670f527f7103].
+// Lab skeleton generated from solutions/07-fused-normalization/module.cpp by `./course labs` [lab-hash 6bdbc183f52c].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's Python module: wrapper.h's functions bound with pybind11, and the kernels' fixed
@@ -51,13 +51,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             py::arg("max_partial_rows") = c.max_partial_rows, py::arg("finalize_row_lanes") = c.finalize_row_lanes,
             py::arg("on_chip_threads") = c.on_chip_threads, py::arg("cluster_blocks") = c.cluster_blocks,
             py::arg("max_on_chip_forward_row") = on_chip_forward_by_size,
-            py::arg("max_on_chip_backward_row") = on_chip_backward_by_size);
+            py::arg("max_on_chip_backward_row") = on_chip_backward_by_size,
+            py::arg("staged_shared_bytes") = kStagedSharedBytes);
       },
       "{warp_size, threads_per_block, stream_threads, stream_packs_in_flight, vector_bytes, min_elems_per_thread, "
       "max_register_row {element bytes: N}, max_warp_row {element bytes: N}, max_partial_rows, finalize_row_lanes, "
       "on_chip_threads, cluster_blocks, max_on_chip_forward_row {element bytes: N}, max_on_chip_backward_row "
-      "{element bytes: N}}: the on-chip rows at their longest, on a GPU that has room for them (on_chip_row says "
-      "what this one takes)");
+      "{element bytes: N}, staged_shared_bytes}: the on-chip rows at their longest, on a GPU that has room for them "
+      "(on_chip_row says what this one takes); the staged RMSNorm backward's ring, dynamic shared memory a block");
   // What the on-chip path takes on the current GPU, asked at run time (shared memory, clusters).
   m.def(
       "on_chip_row",

@@ -61,8 +61,8 @@ def parameter_names(fn) -> list[str]:
     return [name for name in names if name]
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's raw bits (NaN compares equal to the same NaN)."""
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits, as a same-size integer view (NaN compares equal to the same NaN)."""
     return t.view(_SAME_SIZE_INT[t.element_size()]) if t.element_size() in _SAME_SIZE_INT else t
 
 
@@ -77,7 +77,7 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
     contiguous copy on the device, an allocation that, inside a harness.check.PoisonedPool, leaves
     unpoisoned memory where the op's outputs then land; the storage is contiguous, and a write anywhere
     in it (into the packed neighbour of the view, too) shows."""
-    return _bits(t).cpu() if t.is_contiguous() else _storage_bytes(t).cpu()
+    return bits(t).cpu() if t.is_contiguous() else _storage_bytes(t).cpu()
 
 
 def _snapshot_bytes(t: torch.Tensor) -> int:
