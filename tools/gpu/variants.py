@@ -28,7 +28,7 @@ from harness.mutants import plant  # noqa: E402
 
 def spec_line(name: str, edits) -> str:
     """A variant's spec line, NAME:FILE:OLD:NEW|..., from (file, old, new) edits: the format main() reads, written by
-    the generators (tools/gpu/lab05_epilogue_variants.py, lab07_rms_bwd_variants.py)."""
+    the generators (tools/gpu/lab05_epilogue_variants.py)."""
     parts = []
     for file, old, new in edits:
         assert ":" not in old and "|" not in old + new and "\\n" not in old + new, name
