@@ -1817,6 +1817,9 @@ LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # The staged backward (2026-11-26, tools/gpu/NOTES.md): 0.93-0.94x copy on an H100 in this file's perf test and in
 # tools/gpu/probe/lab07_staged.py, where the register kernel measured 0.81x; not yet run on an H200, where the register
 # kernel measured 0.88 of its H100 figure: so 0.80 (0.93 x 0.88 = 0.82).
+# Forward + backward, each side timed as a CUDA graph (harness.perf.as_graph; timed as calls, the compiled side's
+# CPU time made this case read 1.09x-1.68x in different processes): 1.084-1.092x on an H100 with the staged backward
+# (tools/gpu/probe/lab07_pair.py, 2026-11-26, seventh session), so 1.0 (issue: 1.1).
 # Where this GPU does not take 65536-long float32 rows on chip (the forward past sm_80's shared memory, the backward
 # before sm_90), 'auto' streams, and is held to the streaming bars (_long_row_bars).
 # Student bars (issue 11, class 6): a straightforward fused kernel passes, the lesson's technique removed fails:
@@ -1832,7 +1835,7 @@ PERF_BARS = {
     ("rms_norm forward vs F.rms_norm", BF16): (1.1, 0.7),
     ("rms_norm forward vs compiled", BF16): (0.95, 0.7),
     ("rms_norm backward vs copy", BF16): (0.80, 0.60),
-    ("rms_norm forward+backward vs compiled", BF16): (0.95, 0.8),
+    ("rms_norm forward+backward vs compiled", BF16): (1.0, 0.8),
     ("softmax forward vs copy", FP32): (0.90, 0.65),
     ("softmax forward vs copy, long rows", FP32): (0.85, 0.55),
     ("softmax forward vs copy, long rows, streaming", FP32): (0.62, 0.55),
@@ -1872,14 +1875,14 @@ PERF_HINTS = {
 _COMPILED: dict = {}
 
 
-def _perf(kind, *, dtype, shape, ours, baseline, baseline_name, bytes_moved, verify, bars=None):
+def _perf(kind, *, dtype, shape, ours, baseline, baseline_name, bytes_moved, verify, bars=None, graphs=False):
     """Time a case against its baseline and hold it to PERF_BARS[bars or kind] (bars: another kind's bars, for a
-    case whose kernel is another case's on this GPU)."""
+    case whose kernel is another case's on this GPU; graphs: each side timed as a CUDA graph, harness.perf)."""
     target, student_bar = PERF_BARS[bars or kind, dtype]
     try:
         return LAB.perf(name=f"{kind}, {shape_id(shape)} {dtype_name(dtype)}", ours=ours, baseline=baseline,
                         baseline_name=baseline_name, bytes_moved=bytes_moved, student_bar=student_bar, target=target,
-                        verify=verify)
+                        verify=verify, graphs=graphs)
     except harness.GradeFailure as failure:
         raise harness.GradeFailure(f"{failure}\n  hint: {PERF_HINTS[bars or kind]}") from None
 
@@ -2093,9 +2096,11 @@ def test_perf_rms_norm_forward_backward_vs_compiled():
         check_rms_norm_backward(*last["grads"], grad_y, x, weight, EPS,
                                 case=f"autograd rms_norm {shape_id(RMS_PERF_SHAPE)}: the gradients of the timed calls")
 
+    # As CUDA graphs: the compiled side's CPU time a call (408-1287 us, H100) can exceed its GPU time (0.51 ms), and
+    # timed as calls its figure then moved between processes (0.507-0.709 ms: this case read 1.09x-1.68x).
     _perf("rms_norm forward+backward vs compiled", dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=compiled,
           baseline_name="torch.compile(x * rsqrt(mean(x^2) + eps) * weight), forward and backward",
-          bytes_moved=5 * nbytes(x), verify=verify)
+          bytes_moved=5 * nbytes(x), verify=verify, graphs=True)
 
 
 def _triton_forward_perf(kind, baseline, baseline_name):

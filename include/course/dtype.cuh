@@ -82,6 +82,26 @@ struct alignas(sizeof(T) * kElems) Pack {
 };
 static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<float, 4>) == kVectorBytes,
               "a full pack is exactly one 16-byte access");
+
+// A pack's store into global memory, kept one access. The compiler does not always keep a Pack assignment whole: in
+// lab 07's staged RMSNorm backward (4 rows a step, unrolled), nvcc 13.0 (sm_90a) split two of its eight 16-byte
+// grad_x stores a step into 2- and 4-byte ones (its PTX: 12 st.global.u16 and 2 st.global.v2.u16 beside 6
+// st.global.v4.u32; stored through a uint4 instead, 4 st.global.u32 each). With every pack one store, that kernel
+// measured 276.4 us against 277.3 on an H100 (tools/gpu/NOTES.md, lab 07). A full pack here is one st.global.v4
+// (STG.E.128) whatever the compiler infers; the "memory" clobber keeps it in program order with the kernel's other
+// memory accesses.
+template <typename T, int kElems>
+__device__ __forceinline__ void store_pack_global(T* destination, const Pack<T, kElems>& pack) {
+  if constexpr (sizeof(Pack<T, kElems>) == kVectorBytes) {
+    uint32_t words[4];
+    memcpy(words, &pack, kVectorBytes);
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(destination), "r"(words[0]), "r"(words[1]),
+                 "r"(words[2]), "r"(words[3])
+                 : "memory");
+  } else {
+    *reinterpret_cast<Pack<T, kElems>*>(destination) = pack;
+  }
+}
 // --8<-- [end:pack]
 
 // --8<-- [start:vectorizable]

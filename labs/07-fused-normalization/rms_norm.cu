@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 3171f84018b7].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 7149e84c5dfa].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -265,6 +265,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     }
     course::commit_copies();  // a group even when empty: wait_copies counts groups
   };
+  // Launched as a dependent launch (course::launch_after_prior_grid): nothing an earlier kernel wrote is read before
+  // this wait (the forward's rstd, and grad_y or x when a kernel produced them).
+  course::wait_for_prior_grid();
   for (int step = 0; step < kStagedSteps - 1; ++step) issue(step);
   C sums[Slice::kPacks][kElems] = {};
   for (int64_t step = 0; step < steps; ++step) {
@@ -306,7 +309,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       gs.store(grad_x + (first + index * stride) * n, n, t);
     }
   }
-  course::wait_copies<0>();  // (only empty groups are left) nothing in flight when the block exits
+  course::allow_next_grid();  // the finalize may be scheduled now; it waits for this kernel before reading partials
+  course::wait_copies<0>();   // (only empty groups are left) nothing in flight when the block exits
 #pragma unroll
   for (int j = 0; j < Slice::kPacks; ++j) {
     const int64_t col = Slice::column(j, t);
@@ -348,6 +352,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                 T* __restrict__ grad_weight) {
   using C = Compute<T>;
   __shared__ C lane_sums[kRowLanes][kColumnThreads];
+  course::wait_for_prior_grid();  // launched as a dependent launch: partials are read only after this
   const int lane = threadIdx.x % kColumnThreads;
   const int row_lane = threadIdx.x / kColumnThreads;
   const int64_t strips = course::ceil_div<int64_t>(n, kColumnThreads);
@@ -414,9 +419,9 @@ void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, cons
           if constexpr (kStageable<T, kRowThreads, kE, kPackElems>) {
             const auto kernel = rms_norm_backward_staged_kernel<T, kE, kPackElems>;
             course::opt_in_dynamic_shared(kernel, kStagedSharedBytes, "rms_norm_backward (staged rows)");
-            kernel<<<static_cast<int>(grid), kThreadsPerBlock, kStagedSharedBytes, stream>>>(grad_y, x, weight, rstd,
-                                                                                             grad_x, partials, rows);
-            COURSE_CHECK_LAUNCH();
+            course::launch_after_prior_grid(kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreadsPerBlock),
+                                            kStagedSharedBytes, stream, grad_y, x, weight, rstd, grad_x, partials,
+                                            rows);
             partial_rows = grid;
             return;
           }
@@ -434,9 +439,9 @@ void launch_rms_norm_backward(const T* grad_y, const T* x, const T* weight, cons
   // A block per 32 columns (past INT_MAX blocks the strip loop covers the rest).
   const int finalize_blocks =
       static_cast<int>(std::min<int64_t>(course::ceil_div<int64_t>(n, kColumnThreads), INT32_MAX));
-  grad_weight_finalize_kernel<T>
-      <<<finalize_blocks, kThreadsPerBlock, 0, stream>>>(partials, partial_rows, n, grad_weight);
-  COURSE_CHECK_LAUNCH();
+  // A dependent launch (course::launch_after_prior_grid): scheduled while the backward's last blocks drain.
+  course::launch_after_prior_grid(grad_weight_finalize_kernel<T>, dim3(finalize_blocks), dim3(kThreadsPerBlock), 0,
+                                  stream, partials, partial_rows, n, grad_weight);
 }
 
 #define INSTANTIATE(T)                                                                                             \

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/row_reduce.cuh by `./course labs` [lab-hash b502fad27867].
+// Lab skeleton generated from solutions/07-fused-normalization/row_reduce.cuh by `./course labs` [lab-hash 5ddb369e2d8c].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's device helpers, shared by softmax.cu and rms_norm.cu: math in the compute type, the
@@ -165,7 +165,7 @@ struct RowSlice {
       P pack;
 #pragma unroll
       for (int e = 0; e < kElems; ++e) pack.v[e] = from_compute<T>(v[j][e]);  // rounded once
-      *reinterpret_cast<P*>(row + col) = pack;
+      course::store_pack_global(row + col, pack);  // one 16-byte store (see store_pack_global)
     }
   }
 };

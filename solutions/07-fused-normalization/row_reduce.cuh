@@ -166,7 +166,7 @@ struct RowSlice {
       P pack;
 #pragma unroll
       for (int e = 0; e < kElems; ++e) pack.v[e] = from_compute<T>(v[j][e]);  // rounded once
-      *reinterpret_cast<P*>(row + col) = pack;
+      course::store_pack_global(row + col, pack);  // one 16-byte store (see store_pack_global)
     }
   }
 };

@@ -52,6 +52,27 @@ def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 2
     return ours_ms, baseline_ms
 
 
+def as_graph(fn: Callable) -> Callable | None:
+    """fn captured once in a CUDA graph (warmed on a side stream first, as torch.cuda.graph asks), returned as the
+    graph's replay: a replay launches all of fn's kernels with no CPU work between them. None where the capture
+    fails (a call that waits for the CPU, such as .item(), or launches off the current stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # noqa: BLE001 (any failure of the capture: the caller times the calls instead)
+        torch.cuda.synchronize()
+        return None
+    return graph.replay  # the bound method keeps the graph alive
+
+
 def copy_bandwidth() -> float:
     """The measured ceiling for memory-bound kernels: a 1 GiB device-to-device copy, in GB/s
     (bytes read plus bytes written)."""
@@ -111,6 +132,7 @@ def perf_case(
     flops: int = 0,
     verify: Callable[[], None] | None = None,
     reps: int = 25,
+    graphs: bool = False,
 ) -> PerfCase:
     """Time ours against the baseline and hold it to the bar.
 
@@ -118,9 +140,18 @@ def perf_case(
     bar otherwise. `verify` runs after timing on what the timed calls produced,
     so a kernel that is fast because it skips work fails here too.
     Under `./course profile` (PROFILE_ENV set) the case is profiled instead, and its test skips.
+    graphs=True times each side as a CUDA graph of one call (as_graph), for a side whose CPU time a call can exceed
+    its GPU time: the timer's events then measure the CPU (lab 07's torch.compile'd forward + backward,
+    tools/gpu/NOTES.md). A side that cannot be captured is timed as calls, and the summary says so.
     """
     if os.environ.get(PROFILE_ENV):
         profile_case(name, ours, baseline, baseline_name, sides=os.environ[PROFILE_ENV].split(","))
+    if graphs:
+        replays = [as_graph(ours), as_graph(baseline)]
+        uncaptured = [side for side, replay in zip(("ours", "the baseline"), replays) if replay is None]
+        ours, baseline = (replay or fn for replay, fn in zip(replays, (ours, baseline)))
+        baseline_name += (f"; {' and '.join(uncaptured)} not capturable in a CUDA graph, timed as calls" if uncaptured
+                          else "; each side replayed as a CUDA graph")
     ours_ms, baseline_ms = time_pair(ours, baseline, reps=reps)
     case = PerfCase(lab, name, baseline_name, ours_ms, baseline_ms, student_bar, target, bytes_moved, flops)
     if bytes_moved:

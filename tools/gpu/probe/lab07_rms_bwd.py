@@ -42,10 +42,14 @@ from torch.utils.cpp_extension import load_inline
 
 ROOT = Path(__file__).resolve().parents[3]
 LAB_DIR = ROOT / "solutions" / "07-fused-normalization"
-# (name, variant number in run_backward, most partial rows): the last call's list (2026-11-26, sixth session), where
+# (name, variant number in run_backward, most partial rows): the last call's list (2026-11-26, seventh session), where
 # "lab" is the lab's own backward, since then the staged kernel (the step 4 x 2 below, adopted). run_backward's switch
-# has every kernel tried: the first probe's, the ring and the step variants; their figures are in tools/gpu/NOTES.md.
-VARIANTS = (("step 4x2, 1/SM, 132", 146, 132),)
+# has every kernel tried: the first probe's, the ring and the step variants, and (60-74) the step kernel with its
+# finalize fused or launched dependently (PDL), and the bulk-copy (cp.async.bulk) kernels; their figures are in
+# tools/gpu/NOTES.md.
+VARIANTS = (("step 4x2, finalize 8", 67, 132), ("step pdl", 63, 132), ("step 2x4", 72, 132),
+            ("tma 2x4", 66, 132), ("tma 2x4 pdl", 68, 132), ("tma 2x4 fused", 73, 132), ("tma 1x8", 69, 132),
+            ("tma 1x6", 74, 132), ("tma 2x6", 70, 132), ("tma 3x4", 71, 132))
 EPS = 1e-6
 CUDA = r"""
 #include <cuda_bf16.h>
@@ -461,6 +465,369 @@ static void launch(const void* gy, const void* x, const void* w, const float* rs
       static_cast<uint4*>(gx), partials, rows, rows_per_chunk);
   finalize(finalize_mode, partials, chunks, gw, s);
 }
+// ---- 2026-11-26 (seventh session): past the step kernel. Issue 13's forward + backward stood at 1.086-1.087x the
+// compiled pair (tools/gpu/probe/lab07_pair.py: CUDA graphs 0.4682 / 0.5087 ms; kernel sums 463.4 / 503.5 us, span
+// 468.1 us: 4.7 us between the lab's three kernels). Three ideas, each a variant:
+//   fused   the finalize inside the backward: blocks write their partial rows, meet at a grid barrier (a cooperative
+//           launch, so that all G blocks are resident), then block b sums columns [32 b, 32 b + 32) over the G rows
+//           in the finalize's order (8 row lanes): the finalize's bits, without its launch and gap;
+//   tma     the rows copied by the Hopper bulk-copy unit (cp.async.bulk, one instruction a row of 8 KiB) issued by a
+//           producer warp, completing on an mbarrier a stage; 8 consumer warps compute as the step kernel does and
+//           release a stage on a second mbarrier (no per-thread cp.async, 4096 of them a step);
+//   pdl     the backward and the finalize launched with programmatic stream serialization: each launches while the
+//           kernel before it drains, and waits (griddepcontrol.wait) before reading anything.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, int parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(smem_u32(b)), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(b)) : "memory");
+}
+// A grid barrier for a cooperative launch: state[0] counts arrivals, state[1] is the generation; the last block to
+// arrive resets the count and bumps the generation, which the others wait for. Stream order keeps launches apart.
+__device__ __forceinline__ void grid_barrier(unsigned* state) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = state + 1;
+    const unsigned mine = *gen;
+    if (atomicAdd(state, 1u) == gridDim.x - 1) {
+      state[0] = 0;
+      __threadfence();
+      atomicAdd(state + 1, 1u);
+    } else {
+      while (*gen == mine) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+// The finalize inside the kernel: block b sums columns [32 c, 32 c + 32) for c = b, b + G, ... over the G partial
+// rows, 8 row lanes as finalize_kernel<8> (its bits). Threads 0..255.
+__device__ __forceinline__ void fused_finalize(const float* partials, __nv_bfloat16* gw, float (*lane_sums)[32]) {
+  const int t = threadIdx.x, lane = t % 32, row_lane = t / 32;
+  for (int c = blockIdx.x; c < kN / 32; c += gridDim.x) {
+    const int col = c * 32 + lane;
+    float sum = 0.0f;
+    if (t < 256) {
+#pragma unroll 4
+      for (int k = row_lane; k < int(gridDim.x); k += 8) sum += __ldcg(partials + int64_t(k) * kN + col);
+      lane_sums[row_lane][lane] = sum;
+    }
+    __syncthreads();
+    if (t < 32) {
+      float total = lane_sums[0][lane];
+#pragma unroll
+      for (int r = 1; r < 8; ++r) total += lane_sums[r][lane];
+      gw[col] = __float2bfloat16_rn(total);
+    }
+    __syncthreads();
+  }
+}
+
+// The step kernel (4 x 2, cp.async) with the finalize fused and/or waiting on the grid before it (PDL).
+template <int kRows, int kStages, bool kFused, bool kPdl>
+__global__ void __launch_bounds__(256, 1)
+    rms_bwd_step2_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
+                         const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials,
+                         int64_t rows, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
+  constexpr int kPacks = kRowPacks / 256;
+  extern __shared__ uint4 ring[];  // [kStages][kRows][2: grad_y, x][kPacks][256]
+  __shared__ float red[2][8][kRows];
+  __shared__ float lane_sums[8][32];
+  const int t = threadIdx.x, lane = t % 32;
+  const int64_t first = blockIdx.x, stride = gridDim.x;
+  const int64_t count = (rows - first + stride - 1) / stride;
+  const int steps = int((count + kRows - 1) / kRows);
+  if constexpr (kPdl) grid_dependency_wait();
+  auto slot = [&](int stage, int k, int tensor, int j) -> uint4* {
+    return ring + (((stage * kRows + k) * 2 + tensor) * kPacks + j) * 256 + t;
+  };
+  auto issue = [&](int q) {
+    if (q < steps) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t idx = int64_t(q) * kRows + k;
+        if (idx >= count) break;
+        const int64_t base = (first + idx * stride) * kRowPacks + t;
+#pragma unroll
+        for (int j = 0; j < kPacks; ++j) cp_async16(slot(q % kStages, k, 0, j), gy + base + j * 256);
+#pragma unroll
+        for (int j = 0; j < kPacks; ++j) cp_async16(slot(q % kStages, k, 1, j), x + base + j * 256);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q) issue(q);
+  float sums[kPacks][8] = {};
+  for (int q = 0; q < steps; ++q) {
+    issue(q + kStages - 1);
+    const int stage = q % kStages;
+    float r[kRows], dot[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t idx = int64_t(q) * kRows + k;
+      r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
+    }
+    cp_async_wait<kStages - 1>();
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      dot[k] = 0.0f;
+      if (int64_t(q) * kRows + k >= count) continue;
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        float gf[8], xf[8], wf[8];
+        widen8(*slot(stage, k, 0, j), gf), widen8(*slot(stage, k, 1, j), xf), widen8(w[j * 256 + t], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          sums[j][e] += gf[e] * xf[e] * r[k];
+          dot[k] += gf[e] * wf[e] * xf[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) red[q & 1][t / 32][k] = dot[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      dot[k] = lane < 8 ? red[q & 1][lane][k] : 0.0f;
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t idx = int64_t(q) * kRows + k;
+      if (idx >= count) continue;
+      const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
+      const int64_t row = first + idx * stride;
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        float gf[8], xf[8], wf[8];
+        widen8(*slot(stage, k, 0, j), gf), widen8(*slot(stage, k, 1, j), xf), widen8(w[j * 256 + t], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) gf[e] = r[k] * (gf[e] * wf[e]) - c * xf[e];
+        gx[row * kRowPacks + j * 256 + t] = narrow8(gf);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if constexpr (kPdl && !kFused) launch_dependents();
+  write_partials(partials, sums, t);
+  if constexpr (kFused) {
+    grid_barrier(barrier_state);
+    fused_finalize(partials, gw, lane_sums);
+  }
+}
+
+// The tma kernel: warps 0-7 compute (the step kernel's arithmetic and order, so its bits), warp 8's lane 0 copies.
+template <int kRows, int kStages, bool kFused, bool kPdl>
+__global__ void __launch_bounds__(288, 1)
+    rms_bwd_tma_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
+                       const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials,
+                       int64_t rows, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
+  constexpr int kPacks = kRowPacks / 256;
+  constexpr uint32_t kRowBytes = kN * 2;
+  extern __shared__ __align__(128) uint4 ring[];  // [kStages][kRows][2: grad_y, x][kRowPacks]
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  __shared__ float red[2][8][kRows];
+  __shared__ float lane_sums[8][32];
+  const int t = threadIdx.x, lane = t % 32;
+  const int64_t first = blockIdx.x, stride = gridDim.x;
+  const int64_t count = (rows - first + stride - 1) / stride;
+  const int steps = int((count + kRows - 1) / kRows);
+  auto row_image = [&](int stage, int k, int tensor) { return ring + ((stage * kRows + k) * 2 + tensor) * kRowPacks; };
+  if (t == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if constexpr (kPdl) grid_dependency_wait();
+  float sums[kPacks][8] = {};
+  if (t >= 256) {
+    if (t == 256) {
+      for (int q = 0; q < steps; ++q) {
+        const int s = q % kStages;
+        if (q >= kStages) mbar_wait(&empty[s], (q / kStages - 1) & 1);
+        const int64_t left = count - int64_t(q) * kRows;
+        const int n = left < kRows ? int(left) : kRows;
+        mbar_expect_tx(&full[s], uint32_t(n) * 2 * kRowBytes);
+        for (int k = 0; k < n; ++k) {
+          const int64_t row = first + (int64_t(q) * kRows + k) * stride;
+          bulk_copy(row_image(s, k, 0), gy + row * kRowPacks, kRowBytes, &full[s]);
+          bulk_copy(row_image(s, k, 1), x + row * kRowPacks, kRowBytes, &full[s]);
+        }
+      }
+    }
+  } else {
+    for (int q = 0; q < steps; ++q) {
+      const int stage = q % kStages;
+      float r[kRows], dot[kRows];
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t idx = int64_t(q) * kRows + k;
+        r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
+      }
+      mbar_wait(&full[stage], (q / kStages) & 1);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        dot[k] = 0.0f;
+        if (int64_t(q) * kRows + k >= count) continue;
+#pragma unroll
+        for (int j = 0; j < kPacks; ++j) {
+          float gf[8], xf[8], wf[8];
+          widen8(row_image(stage, k, 0)[j * 256 + t], gf), widen8(row_image(stage, k, 1)[j * 256 + t], xf);
+          widen8(w[j * 256 + t], wf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            sums[j][e] += gf[e] * xf[e] * r[k];
+            dot[k] += gf[e] * wf[e] * xf[e];
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) red[q & 1][t / 32][k] = dot[k];
+      }
+      asm volatile("bar.sync 1, 256;" ::: "memory");  // the 8 consumer warps only
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        dot[k] = lane < 8 ? red[q & 1][lane][k] : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+      }
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int64_t idx = int64_t(q) * kRows + k;
+        if (idx >= count) continue;
+        const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
+        const int64_t row = first + idx * stride;
+#pragma unroll
+        for (int j = 0; j < kPacks; ++j) {
+          float gf[8], xf[8], wf[8];
+          widen8(row_image(stage, k, 0)[j * 256 + t], gf), widen8(row_image(stage, k, 1)[j * 256 + t], xf);
+          widen8(w[j * 256 + t], wf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) gf[e] = r[k] * (gf[e] * wf[e]) - c * xf[e];
+          gx[row * kRowPacks + j * 256 + t] = narrow8(gf);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[stage]);
+    }
+  }
+  if constexpr (kPdl && !kFused) {
+    if (t < 256) launch_dependents();  // the consumers, at their end (the producer warp is done steps earlier)
+  }
+  if (t < 256) write_partials(partials, sums, t);
+  if constexpr (kFused) {
+    grid_barrier(barrier_state);
+    fused_finalize(partials, gw, lane_sums);
+  }
+}
+
+__global__ void __launch_bounds__(256) finalize_pdl_kernel(const float* __restrict__ partials, int64_t chunks,
+                                                           __nv_bfloat16* __restrict__ grad_weight) {
+  grid_dependency_wait();
+  __shared__ float lane_sums[8][32];
+  const int lane = threadIdx.x % 32, row_lane = threadIdx.x / 32;
+  const int64_t col = int64_t(blockIdx.x) * 32 + lane;
+  float sum = 0.0f;
+#pragma unroll 4
+  for (int64_t k = row_lane; k < chunks; k += 8) sum += partials[k * kN + col];
+  lane_sums[row_lane][lane] = sum;
+  __syncthreads();
+  if (row_lane != 0) return;
+  float total = lane_sums[0][lane];
+#pragma unroll
+  for (int r = 1; r < 8; ++r) total += lane_sums[r][lane];
+  grad_weight[col] = __float2bfloat16_rn(total);
+}
+
+static unsigned* barrier_state_buffer() {  // zeroed once; the barrier leaves the count at 0
+  static unsigned* state = nullptr;
+  if (!state) cudaMalloc(&state, 2 * sizeof(unsigned)), cudaMemset(state, 0, 2 * sizeof(unsigned));
+  return state;
+}
+
+template <bool kTma, int kRows, int kStages, bool kFused, bool kPdl>
+static void launch_next(const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
+                        float* partials, int64_t rows, int64_t chunks, cudaStream_t s) {
+  const auto kernel = kTma ? rms_bwd_tma_kernel<kRows, kStages, kFused, kPdl>
+                           : rms_bwd_step2_kernel<kRows, kStages, kFused, kPdl>;
+  constexpr int kSmem = kStages * kRows * 2 * kRowPacks * 16;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(chunks));
+  config.blockDim = dim3(kTma ? 288 : 256);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = s;
+  cudaLaunchAttribute attributes[2];
+  int used = 0;
+  if (kFused) {
+    attributes[used].id = cudaLaunchAttributeCooperative;
+    attributes[used++].val.cooperative = 1;
+  }
+  if (kPdl) {
+    attributes[used].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[used++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  config.attrs = attributes;
+  config.numAttrs = used;
+  const uint4* g4 = static_cast<const uint4*>(gy);
+  const uint4* x4 = static_cast<const uint4*>(x);
+  const uint4* w4 = static_cast<const uint4*>(w);
+  uint4* gx4 = static_cast<uint4*>(gx);
+  __nv_bfloat16* gwb = static_cast<__nv_bfloat16*>(gw);
+  unsigned* state = barrier_state_buffer();
+  cudaLaunchKernelEx(&config, kernel, g4, x4, w4, rstd, gx4, partials, rows, gwb, state);
+  if (kFused) return;
+  if (!kPdl) {
+    finalize_kernel<8><<<kN / 32, 256, 0, s>>>(partials, chunks, gwb);
+    return;
+  }
+  cudaLaunchConfig_t fin = {};
+  fin.gridDim = dim3(kN / 32);
+  fin.blockDim = dim3(256);
+  fin.stream = s;
+  cudaLaunchAttribute pdl;
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  fin.attrs = &pdl;
+  fin.numAttrs = 1;
+  const float* cp = partials;
+  cudaLaunchKernelEx(&fin, finalize_pdl_kernel, cp, chunks, gwb);
+}
+
 // Variants, in the order of VARIANTS in the script (the chunk count is the caller's).
 void run_backward(int variant, const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
                   float* partials, int64_t rows, int64_t rows_per_chunk, int64_t chunks, cudaStream_t s) {
@@ -494,6 +861,21 @@ void run_backward(int variant, const void* gy, const void* x, const void* w, con
     case 52: return launch_step<3, 3, 1>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s, fm);
     case 53: return launch_step<2, 3, 1>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s, fm);
     case 47: return launch_step<1, 2, 2>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s, fm);
+    case 60: return launch_next<false, 4, 2, true, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 61: return launch_next<true, 4, 2, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 62: return launch_next<true, 4, 2, true, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 63: return launch_next<false, 4, 2, false, true>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 64: return launch_next<true, 4, 2, false, true>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 65: return launch_next<true, 4, 3, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 66: return launch_next<true, 2, 4, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 67: return launch_next<false, 4, 2, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 68: return launch_next<true, 2, 4, false, true>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 69: return launch_next<true, 1, 8, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 70: return launch_next<true, 2, 6, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 71: return launch_next<true, 3, 4, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 72: return launch_next<false, 2, 4, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 73: return launch_next<true, 2, 4, true, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
+    case 74: return launch_next<true, 1, 6, false, false>(gy, x, w, rstd, gx, gw, partials, rows, chunks, s);
     case 16: return launch_ring<6>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s, fm);
     default: return launch_ring<8>(gy, x, w, rstd, gx, gw, partials, rows, rows_per_chunk, chunks, s, fm);
   }
