@@ -334,116 +334,6 @@ __global__ void __launch_bounds__(256, 2)
   write_partials(partials, sums, t);
 }
 
-// Step variants (2026-11-26, after Nsight Compute put 30% of strided ring2's warp stalls at the row's barrier, 24%
-// warps active: 2 blocks an SM, 93 registers): kRows rows a step share one barrier, and each row is read again from
-// shared memory after it (not held in registers across it), so registers stay low enough for kMinBlocks blocks an
-// SM. Rows strided over the grid (block b: rows b, b + G, ...), kStages steps of kRows rows in the ring.
-template <int kRows, int kStages, int kMinBlocks>
-__global__ void __launch_bounds__(256, kMinBlocks)
-    rms_bwd_step_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
-                        const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials,
-                        int64_t rows) {
-  constexpr int kPacks = kRowPacks / 256;
-  extern __shared__ uint4 ring[];  // [kStages][kRows][2: grad_y, x][kPacks][256]
-  __shared__ float red[2][8][kRows];
-  const int t = threadIdx.x, lane = t % 32;
-  const int64_t first = blockIdx.x, stride = gridDim.x;
-  const int64_t count = (rows - first + stride - 1) / stride;
-  const int steps = int((count + kRows - 1) / kRows);
-  auto slot = [&](int stage, int k, int tensor, int j) -> uint4* {
-    return ring + (((stage * kRows + k) * 2 + tensor) * kPacks + j) * 256 + t;
-  };
-  auto issue = [&](int q) {
-    if (q < steps) {
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        const int64_t idx = int64_t(q) * kRows + k;
-        if (idx >= count) break;
-        const int64_t base = (first + idx * stride) * kRowPacks + t;
-#pragma unroll
-        for (int j = 0; j < kPacks; ++j) cp_async16(slot(q % kStages, k, 0, j), gy + base + j * 256);
-#pragma unroll
-        for (int j = 0; j < kPacks; ++j) cp_async16(slot(q % kStages, k, 1, j), x + base + j * 256);
-      }
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int q = 0; q < kStages - 1; ++q) issue(q);
-  float sums[kPacks][8] = {};
-  for (int q = 0; q < steps; ++q) {
-    issue(q + kStages - 1);
-    const int stage = q % kStages;
-    float r[kRows], dot[kRows];
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      const int64_t idx = int64_t(q) * kRows + k;
-      r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
-    }
-    cp_async_wait<kStages - 1>();
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      dot[k] = 0.0f;
-      if (int64_t(q) * kRows + k >= count) continue;
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        float gf[8], xf[8], wf[8];
-        widen8(*slot(stage, k, 0, j), gf), widen8(*slot(stage, k, 1, j), xf), widen8(w[j * 256 + t], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          sums[j][e] += gf[e] * xf[e] * r[k];
-          dot[k] += gf[e] * wf[e] * xf[e];
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) red[q & 1][t / 32][k] = dot[k];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      dot[k] = lane < 8 ? red[q & 1][lane][k] : 0.0f;
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
-    }
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      const int64_t idx = int64_t(q) * kRows + k;
-      if (idx >= count) continue;
-      const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
-      const int64_t row = first + idx * stride;
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        float gf[8], xf[8], wf[8];
-        widen8(*slot(stage, k, 0, j), gf), widen8(*slot(stage, k, 1, j), xf), widen8(w[j * 256 + t], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) gf[e] = r[k] * (gf[e] * wf[e]) - c * xf[e];
-        gx[row * kRowPacks + j * 256 + t] = narrow8(gf);
-      }
-    }
-  }
-  cp_async_wait<0>();
-  write_partials(partials, sums, t);
-}
-
-template <int kRows, int kStages, int kMinBlocks>
-static void launch_step(const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
-                        float* partials, int64_t rows, int64_t, int64_t chunks, cudaStream_t s, int finalize_mode) {
-  constexpr int kSmem = kStages * kRows * 2 * kRowPacks * 16;
-  cudaFuncSetAttribute(rms_bwd_step_kernel<kRows, kStages, kMinBlocks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       kSmem);
-  rms_bwd_step_kernel<kRows, kStages, kMinBlocks><<<unsigned(chunks), 256, kSmem, s>>>(
-      static_cast<const uint4*>(gy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
-      static_cast<uint4*>(gx), partials, rows);
-  finalize(finalize_mode, partials, chunks, gw, s);
-}
-
 template <int kStages, bool kStrided = false>
 static void launch_ring(const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
                         float* partials, int64_t rows, int64_t rows_per_chunk, int64_t chunks, cudaStream_t s,
@@ -542,9 +432,72 @@ __device__ __forceinline__ void fused_finalize(const float* partials, __nv_bfloa
   }
 }
 
-// The step kernel (4 x 2, cp.async) with the finalize fused and/or waiting on the grid before it (PDL).
-template <int kRows, int kStages, bool kFused, bool kPdl>
-__global__ void __launch_bounds__(256, 1)
+// One step's arithmetic, shared by the step and bulk kernels (the lab's arithmetic and reduction order): kRows rows
+// q kRows + k of this block's, their packs from packed(k, tensor, j) (tensor 0 grad_y, 1 x) and their rstd in r;
+// each row's dot reduced over the block with barrier() between the warps' halves (red: [2][8][kRows], the step's
+// parity picks the set), grad_x stored, the column sums added to sums.
+template <int kRows, int kPacks, typename Packed, typename Barrier>
+__device__ __forceinline__ void step_arithmetic(Packed&& packed, Barrier&& barrier, const uint4* __restrict__ w,
+                                                uint4* __restrict__ gx, const float (&r)[kRows], int q, int64_t count,
+                                                int64_t first, int64_t stride, float (*red)[8][kRows],
+                                                float (&sums)[kPacks][8]) {
+  const int t = threadIdx.x, lane = t % 32;
+  float dot[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      dot[k] = 0.0f;
+      if (int64_t(q) * kRows + k >= count) continue;
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        float gf[8], xf[8], wf[8];
+        widen8(packed(k, 0, j), gf), widen8(packed(k, 1, j), xf), widen8(w[j * 256 + t], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          sums[j][e] += gf[e] * xf[e] * r[k];
+          dot[k] += gf[e] * wf[e] * xf[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) red[q & 1][t / 32][k] = dot[k];
+    }
+    barrier();
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      dot[k] = lane < 8 ? red[q & 1][lane][k] : 0.0f;
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int64_t idx = int64_t(q) * kRows + k;
+      if (idx >= count) continue;
+      const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
+      const int64_t row = first + idx * stride;
+#pragma unroll
+      for (int j = 0; j < kPacks; ++j) {
+        float gf[8], xf[8], wf[8];
+        widen8(packed(k, 0, j), gf), widen8(packed(k, 1, j), xf), widen8(w[j * 256 + t], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) gf[e] = r[k] * (gf[e] * wf[e]) - c * xf[e];
+        gx[row * kRowPacks + j * 256 + t] = narrow8(gf);
+      }
+    }
+}
+
+// Step variants (2026-11-26, after Nsight Compute put 30% of strided ring2's warp stalls at the row's barrier, 24%
+// warps active: 2 blocks an SM, 93 registers): kRows rows a step share one barrier, and each row is read again from
+// shared memory after it (not held in registers across it), so registers stay low enough for kMinBlocks blocks an
+// SM. Rows strided over the grid (block b: rows b, b + G, ...), kStages steps of kRows rows in the ring. Since the
+// seventh session: the finalize fused (kFused) and/or a wait on the grid before it (kPdl, a dependent launch).
+template <int kRows, int kStages, bool kFused, bool kPdl, int kMinBlocks = 1>
+__global__ void __launch_bounds__(256, kMinBlocks)
     rms_bwd_step2_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
                          const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials,
                          int64_t rows, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
@@ -552,7 +505,7 @@ __global__ void __launch_bounds__(256, 1)
   extern __shared__ uint4 ring[];  // [kStages][kRows][2: grad_y, x][kPacks][256]
   __shared__ float red[2][8][kRows];
   __shared__ float lane_sums[8][32];
-  const int t = threadIdx.x, lane = t % 32;
+  const int t = threadIdx.x;
   const int64_t first = blockIdx.x, stride = gridDim.x;
   const int64_t count = (rows - first + stride - 1) / stride;
   const int steps = int((count + kRows - 1) / kRows);
@@ -581,59 +534,15 @@ __global__ void __launch_bounds__(256, 1)
   for (int q = 0; q < steps; ++q) {
     issue(q + kStages - 1);
     const int stage = q % kStages;
-    float r[kRows], dot[kRows];
+    float r[kRows];
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const int64_t idx = int64_t(q) * kRows + k;
       r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
     }
     cp_async_wait<kStages - 1>();
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      dot[k] = 0.0f;
-      if (int64_t(q) * kRows + k >= count) continue;
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        float gf[8], xf[8], wf[8];
-        widen8(*slot(stage, k, 0, j), gf), widen8(*slot(stage, k, 1, j), xf), widen8(w[j * 256 + t], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          sums[j][e] += gf[e] * xf[e] * r[k];
-          dot[k] += gf[e] * wf[e] * xf[e];
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) red[q & 1][t / 32][k] = dot[k];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      dot[k] = lane < 8 ? red[q & 1][lane][k] : 0.0f;
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
-    }
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      const int64_t idx = int64_t(q) * kRows + k;
-      if (idx >= count) continue;
-      const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
-      const int64_t row = first + idx * stride;
-#pragma unroll
-      for (int j = 0; j < kPacks; ++j) {
-        float gf[8], xf[8], wf[8];
-        widen8(*slot(stage, k, 0, j), gf), widen8(*slot(stage, k, 1, j), xf), widen8(w[j * 256 + t], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) gf[e] = r[k] * (gf[e] * wf[e]) - c * xf[e];
-        gx[row * kRowPacks + j * 256 + t] = narrow8(gf);
-      }
-    }
+    step_arithmetic<kRows, kPacks>([&](int k, int tensor, int j) { return *slot(stage, k, tensor, j); },
+                                   [] { __syncthreads(); }, w, gx, r, q, count, first, stride, red, sums);
   }
   cp_async_wait<0>();
   if constexpr (kPdl && !kFused) launch_dependents();
@@ -642,6 +551,18 @@ __global__ void __launch_bounds__(256, 1)
     grid_barrier(barrier_state);
     fused_finalize(partials, gw, lane_sums);
   }
+}
+
+template <int kRows, int kStages, int kMinBlocks>
+static void launch_step(const void* gy, const void* x, const void* w, const float* rstd, void* gx, void* gw,
+                        float* partials, int64_t rows, int64_t, int64_t chunks, cudaStream_t s, int finalize_mode) {
+  constexpr int kSmem = kStages * kRows * 2 * kRowPacks * 16;
+  cudaFuncSetAttribute(rms_bwd_step2_kernel<kRows, kStages, false, false, kMinBlocks>,
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  rms_bwd_step2_kernel<kRows, kStages, false, false, kMinBlocks><<<unsigned(chunks), 256, kSmem, s>>>(
+      static_cast<const uint4*>(gy), static_cast<const uint4*>(x), static_cast<const uint4*>(w), rstd,
+      static_cast<uint4*>(gx), partials, rows, nullptr, nullptr);
+  finalize(finalize_mode, partials, chunks, gw, s);
 }
 
 // The tma kernel: warps 0-7 compute (the step kernel's arithmetic and order, so its bits), warp 8's lane 0 copies.
@@ -656,7 +577,7 @@ __global__ void __launch_bounds__(288, 1)
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   __shared__ float red[2][8][kRows];
   __shared__ float lane_sums[8][32];
-  const int t = threadIdx.x, lane = t % 32;
+  const int t = threadIdx.x;
   const int64_t first = blockIdx.x, stride = gridDim.x;
   const int64_t count = (rows - first + stride - 1) / stride;
   const int steps = int((count + kRows - 1) / kRows);
@@ -686,63 +607,18 @@ __global__ void __launch_bounds__(288, 1)
   } else {
     for (int q = 0; q < steps; ++q) {
       const int stage = q % kStages;
-      float r[kRows], dot[kRows];
+      float r[kRows];
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {
         const int64_t idx = int64_t(q) * kRows + k;
         r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
       }
       mbar_wait(&full[stage], (q / kStages) & 1);
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        dot[k] = 0.0f;
-        if (int64_t(q) * kRows + k >= count) continue;
-#pragma unroll
-        for (int j = 0; j < kPacks; ++j) {
-          float gf[8], xf[8], wf[8];
-          widen8(row_image(stage, k, 0)[j * 256 + t], gf), widen8(row_image(stage, k, 1)[j * 256 + t], xf);
-          widen8(w[j * 256 + t], wf);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            sums[j][e] += gf[e] * xf[e] * r[k];
-            dot[k] += gf[e] * wf[e] * xf[e];
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
-      }
-      if (lane == 0) {
-#pragma unroll
-        for (int k = 0; k < kRows; ++k) red[q & 1][t / 32][k] = dot[k];
-      }
-      asm volatile("bar.sync 1, 256;" ::: "memory");  // the 8 consumer warps only
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        dot[k] = lane < 8 ? red[q & 1][lane][k] : 0.0f;
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) dot[k] += __shfl_xor_sync(0xffffffffu, dot[k], o);
-      }
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        const int64_t idx = int64_t(q) * kRows + k;
-        if (idx >= count) continue;
-        const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
-        const int64_t row = first + idx * stride;
-#pragma unroll
-        for (int j = 0; j < kPacks; ++j) {
-          float gf[8], xf[8], wf[8];
-          widen8(row_image(stage, k, 0)[j * 256 + t], gf), widen8(row_image(stage, k, 1)[j * 256 + t], xf);
-          widen8(w[j * 256 + t], wf);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) gf[e] = r[k] * (gf[e] * wf[e]) - c * xf[e];
-          gx[row * kRowPacks + j * 256 + t] = narrow8(gf);
-        }
-      }
+      step_arithmetic<kRows, kPacks>([&](int k, int tensor, int j) { return row_image(stage, k, tensor)[j * 256 + t]; },
+                                     [] { asm volatile("bar.sync 1, 256;" ::: "memory"); },  // the 8 consumer warps
+                                     w, gx, r, q, count, first, stride, red, sums);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[stage]);
+      if (t % 32 == 0) mbar_arrive(&empty[stage]);  // a warp's arrival: empty counts 8
     }
   }
   if constexpr (kPdl && !kFused) {
