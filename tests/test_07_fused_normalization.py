@@ -2211,8 +2211,9 @@ MUTANTS = [
                    tests="test_rms_norm_backward_staged and 1000x4096", expect="grad_x"),
     # Stream misuse (issue 11, class 3): the backward's second kernel on the legacy default stream.
     harness.Mutant("finalize-on-legacy-stream", "rms_norm.cu",
-                   "grad_weight_finalize_kernel<T>\n      <<<finalize_blocks, kThreadsPerBlock, 0, stream>>>",
-                   "grad_weight_finalize_kernel<T>\n      <<<finalize_blocks, kThreadsPerBlock>>>",
+                   "course::launch_after_prior_grid(grad_weight_finalize_kernel<T>, dim3(finalize_blocks), "
+                   "dim3(kThreadsPerBlock), 0,\n                                  stream, partials,",
+                   "grad_weight_finalize_kernel<T><<<finalize_blocks, kThreadsPerBlock>>>(partials,",
                    tests="test_runs_on_current_stream", expect="legacy default stream"),
     # 32-bit index (issue 11, class 4): the streaming softmax's row offset kept in an int wraps at row 65536 of
     # 32768 (2^31): the last row is read and written 4 GiB before x and y.
