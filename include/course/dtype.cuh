@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 
 namespace course {
@@ -74,15 +75,18 @@ static_assert(kElemsPerVector<float> == 4 && kElemsPerVector<__nv_bfloat16> == 8
               "16 bytes: 4 floats, 8 bfloat16s or halves, 2 doubles");
 
 // kElems consecutive elements that one load or store moves: with kElems = kElemsPerVector<T>,
-// 16 bytes aligned to 16, which the compiler turns into one LDG.E.128 / STG.E.128; with
-// kElems = 1, a plain scalar access. The caller guarantees the alignment (vectorizable()).
+// 16 bytes aligned to 16, which the compiler turns into one LDG.E.128 / STG.E.128 (a store not
+// always: store_pack_global below); with kElems = 1, a plain scalar access. The caller guarantees
+// the alignment (vectorizable()).
 template <typename T, int kElems>
 struct alignas(sizeof(T) * kElems) Pack {
   T v[kElems];
 };
 static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<float, 4>) == kVectorBytes,
               "a full pack is exactly one 16-byte access");
+// --8<-- [end:pack]
 
+// --8<-- [start:store_pack_global]
 // A pack's store into global memory, kept one access. The compiler does not always keep a Pack assignment whole: in
 // lab 07's staged RMSNorm backward (4 rows a step, unrolled), nvcc 13.0 (sm_90a) split two of its eight 16-byte
 // grad_x stores a step into 2- and 4-byte ones (its PTX: 12 st.global.u16 and 2 st.global.v2.u16 beside 6
@@ -102,7 +106,7 @@ __device__ __forceinline__ void store_pack_global(T* destination, const Pack<T, 
     *reinterpret_cast<Pack<T, kElems>*>(destination) = pack;
   }
 }
-// --8<-- [end:pack]
+// --8<-- [end:store_pack_global]
 
 // --8<-- [start:vectorizable]
 // Whether the 16-byte kernels apply: every pointer on a 16-byte boundary (a fresh torch
