@@ -432,21 +432,38 @@ __device__ __forceinline__ void fused_finalize(const float* partials, __nv_bfloa
   }
 }
 
+// This block's rows of the step and bulk kernels: first, first + stride, ... (count of them; stride the grid), in
+// steps of kRows; each step's rstd loaded before its rows' wait, so that the loads overlap it.
+template <int kRows>
+struct StridedRows {
+  int64_t first, stride, count;
+  int steps;
+  __device__ explicit StridedRows(int64_t rows)
+      : first(blockIdx.x), stride(gridDim.x), count((rows - first + stride - 1) / stride),
+        steps(int((count + kRows - 1) / kRows)) {}
+  __device__ int64_t row(int q, int k) const { return first + (int64_t(q) * kRows + k) * stride; }
+  __device__ bool has(int q, int k) const { return int64_t(q) * kRows + k < count; }
+  __device__ void load_rstd(const float* __restrict__ rstd, int q, float (&r)[kRows]) const {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) r[k] = has(q, k) ? rstd[row(q, k)] : 0.0f;
+  }
+};
+
 // One step's arithmetic, shared by the step and bulk kernels (the lab's arithmetic and reduction order): kRows rows
-// q kRows + k of this block's, their packs from packed(k, tensor, j) (tensor 0 grad_y, 1 x) and their rstd in r;
+// (q, k) of `rows`, their packs from packed(k, tensor, j) (tensor 0 grad_y, 1 x) and their rstd in r;
 // each row's dot reduced over the block with barrier() between the warps' halves (red: [2][8][kRows], the step's
 // parity picks the set), grad_x stored, the column sums added to sums.
 template <int kRows, int kPacks, typename Packed, typename Barrier>
 __device__ __forceinline__ void step_arithmetic(Packed&& packed, Barrier&& barrier, const uint4* __restrict__ w,
-                                                uint4* __restrict__ gx, const float (&r)[kRows], int q, int64_t count,
-                                                int64_t first, int64_t stride, float (*red)[8][kRows],
+                                                uint4* __restrict__ gx, const float (&r)[kRows], int q,
+                                                const StridedRows<kRows>& rows, float (*red)[8][kRows],
                                                 float (&sums)[kPacks][8]) {
   const int t = threadIdx.x, lane = t % 32;
   float dot[kRows];
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       dot[k] = 0.0f;
-      if (int64_t(q) * kRows + k >= count) continue;
+      if (!rows.has(q, k)) continue;
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         float gf[8], xf[8], wf[8];
@@ -476,10 +493,9 @@ __device__ __forceinline__ void step_arithmetic(Packed&& packed, Barrier&& barri
     }
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const int64_t idx = int64_t(q) * kRows + k;
-      if (idx >= count) continue;
+      if (!rows.has(q, k)) continue;
       const float c = r[k] * r[k] * r[k] * (dot[k] / float(kN));
-      const int64_t row = first + idx * stride;
+      const int64_t row = rows.row(q, k);
 #pragma unroll
       for (int j = 0; j < kPacks; ++j) {
         float gf[8], xf[8], wf[8];
@@ -500,26 +516,23 @@ template <int kRows, int kStages, bool kFused, bool kPdl, int kMinBlocks = 1>
 __global__ void __launch_bounds__(256, kMinBlocks)
     rms_bwd_step2_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
                          const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials,
-                         int64_t rows, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
+                         int64_t row_count, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
   constexpr int kPacks = kRowPacks / 256;
   extern __shared__ uint4 ring[];  // [kStages][kRows][2: grad_y, x][kPacks][256]
   __shared__ float red[2][8][kRows];
   __shared__ float lane_sums[8][32];
   const int t = threadIdx.x;
-  const int64_t first = blockIdx.x, stride = gridDim.x;
-  const int64_t count = (rows - first + stride - 1) / stride;
-  const int steps = int((count + kRows - 1) / kRows);
+  const StridedRows<kRows> rows(row_count);
   if constexpr (kPdl) grid_dependency_wait();
   auto slot = [&](int stage, int k, int tensor, int j) -> uint4* {
     return ring + (((stage * kRows + k) * 2 + tensor) * kPacks + j) * 256 + t;
   };
   auto issue = [&](int q) {
-    if (q < steps) {
+    if (q < rows.steps) {
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {
-        const int64_t idx = int64_t(q) * kRows + k;
-        if (idx >= count) break;
-        const int64_t base = (first + idx * stride) * kRowPacks + t;
+        if (!rows.has(q, k)) break;
+        const int64_t base = rows.row(q, k) * kRowPacks + t;
 #pragma unroll
         for (int j = 0; j < kPacks; ++j) cp_async16(slot(q % kStages, k, 0, j), gy + base + j * 256);
 #pragma unroll
@@ -531,18 +544,14 @@ __global__ void __launch_bounds__(256, kMinBlocks)
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) issue(q);
   float sums[kPacks][8] = {};
-  for (int q = 0; q < steps; ++q) {
+  for (int q = 0; q < rows.steps; ++q) {
     issue(q + kStages - 1);
     const int stage = q % kStages;
     float r[kRows];
-#pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      const int64_t idx = int64_t(q) * kRows + k;
-      r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
-    }
+    rows.load_rstd(rstd, q, r);
     cp_async_wait<kStages - 1>();
     step_arithmetic<kRows, kPacks>([&](int k, int tensor, int j) { return *slot(stage, k, tensor, j); },
-                                   [] { __syncthreads(); }, w, gx, r, q, count, first, stride, red, sums);
+                                   [] { __syncthreads(); }, w, gx, r, q, rows, red, sums);
   }
   cp_async_wait<0>();
   if constexpr (kPdl && !kFused) launch_dependents();
@@ -570,7 +579,7 @@ template <int kRows, int kStages, bool kFused, bool kPdl>
 __global__ void __launch_bounds__(288, 1)
     rms_bwd_tma_kernel(const uint4* __restrict__ gy, const uint4* __restrict__ x, const uint4* __restrict__ w,
                        const float* __restrict__ rstd, uint4* __restrict__ gx, float* __restrict__ partials,
-                       int64_t rows, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
+                       int64_t row_count, __nv_bfloat16* __restrict__ gw, unsigned* barrier_state) {
   constexpr int kPacks = kRowPacks / 256;
   constexpr uint32_t kRowBytes = kN * 2;
   extern __shared__ __align__(128) uint4 ring[];  // [kStages][kRows][2: grad_y, x][kRowPacks]
@@ -578,9 +587,7 @@ __global__ void __launch_bounds__(288, 1)
   __shared__ float red[2][8][kRows];
   __shared__ float lane_sums[8][32];
   const int t = threadIdx.x;
-  const int64_t first = blockIdx.x, stride = gridDim.x;
-  const int64_t count = (rows - first + stride - 1) / stride;
-  const int steps = int((count + kRows - 1) / kRows);
+  const StridedRows<kRows> rows(row_count);
   auto row_image = [&](int stage, int k, int tensor) { return ring + ((stage * kRows + k) * 2 + tensor) * kRowPacks; };
   if (t == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 8);
@@ -591,32 +598,28 @@ __global__ void __launch_bounds__(288, 1)
   float sums[kPacks][8] = {};
   if (t >= 256) {
     if (t == 256) {
-      for (int q = 0; q < steps; ++q) {
+      for (int q = 0; q < rows.steps; ++q) {
         const int s = q % kStages;
         if (q >= kStages) mbar_wait(&empty[s], (q / kStages - 1) & 1);
-        const int64_t left = count - int64_t(q) * kRows;
+        const int64_t left = rows.count - int64_t(q) * kRows;
         const int n = left < kRows ? int(left) : kRows;
         mbar_expect_tx(&full[s], uint32_t(n) * 2 * kRowBytes);
         for (int k = 0; k < n; ++k) {
-          const int64_t row = first + (int64_t(q) * kRows + k) * stride;
+          const int64_t row = rows.row(q, k);
           bulk_copy(row_image(s, k, 0), gy + row * kRowPacks, kRowBytes, &full[s]);
           bulk_copy(row_image(s, k, 1), x + row * kRowPacks, kRowBytes, &full[s]);
         }
       }
     }
   } else {
-    for (int q = 0; q < steps; ++q) {
+    for (int q = 0; q < rows.steps; ++q) {
       const int stage = q % kStages;
       float r[kRows];
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        const int64_t idx = int64_t(q) * kRows + k;
-        r[k] = idx < count ? rstd[first + idx * stride] : 0.0f;
-      }
+      rows.load_rstd(rstd, q, r);
       mbar_wait(&full[stage], (q / kStages) & 1);
       step_arithmetic<kRows, kPacks>([&](int k, int tensor, int j) { return row_image(stage, k, tensor)[j * 256 + t]; },
                                      [] { asm volatile("bar.sync 1, 256;" ::: "memory"); },  // the 8 consumer warps
-                                     w, gx, r, q, count, first, stride, red, sums);
+                                     w, gx, r, q, rows, red, sums);
       __syncwarp();
       if (t % 32 == 0) mbar_arrive(&empty[stage]);  // a warp's arrival: empty counts 8
     }
