@@ -201,16 +201,6 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-inline bool has_dependent_launch() {
-  static PerDeviceCache major;
-  return major.get([] {
-    int value = 0;
-    check_cuda(cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, current_device()),
-               "cudaDeviceGetAttribute(ComputeCapabilityMajor)", __FILE__, __LINE__);
-    return value;
-  }) >= 9;
-}
-
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), as a dependent launch where the GPU has them; checked.
 template <typename... Params, typename... Args>
 void launch_after_prior_grid(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
@@ -224,7 +214,7 @@ void launch_after_prior_grid(void (*kernel)(Params...), dim3 grid, dim3 block, s
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = &dependent;
-  config.numAttrs = has_dependent_launch() ? 1 : 0;
+  config.numAttrs = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 ? 1 : 0;  // sm_90 and later
   check_cuda(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...), "cudaLaunchKernelEx", __FILE__,
              __LINE__);
 }
