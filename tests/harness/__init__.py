@@ -111,19 +111,10 @@ class LabHandle:
         or runs once, eagerly, outside the graph: then the replay does not recompute the outputs,
         and the NaN poison (or the old inputs' results) shows it.
         """
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run()  # warm-up outside capture: lazy initialisation must not happen inside it
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
         hint = "  " + STREAM_HINT
         try:
-            with torch.cuda.graph(graph):
-                outputs = run()
-        except Exception as error:  # the launch error, or capture_end's report of it
-            torch.cuda.synchronize()
+            graph, outputs = perf.capture(run)  # one warm-up on a side stream, then the capture
+        except perf.CaptureFailed as error:
             raise GradeFailure(
                 f"{case}: launching it while PyTorch captured a CUDA graph on the current stream failed:\n"
                 f"    {str(error).splitlines()[0][:300]}\n{hint}"

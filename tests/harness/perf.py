@@ -52,23 +52,38 @@ def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 2
     return ours_ms, baseline_ms
 
 
-def as_graph(fn: Callable) -> Callable | None:
-    """fn captured once in a CUDA graph (warmed on a side stream first, as torch.cuda.graph asks), returned as the
-    graph's replay: a replay launches all of fn's kernels with no CPU work between them. None where the capture
-    fails (a call that waits for the CPU, such as .item(), or launches off the current stream)."""
+class CaptureFailed(Exception):
+    """A CUDA graph capture that failed; its cause is the launch's error or capture_end's report."""
+
+
+def capture(run: Callable, *, warmups: int = 1):
+    """(graph, what run() returned inside it): run() warmed `warmups` times on a side stream first (lazy
+    initialisation must not happen inside a capture, and torch.cuda.graph asks for the side stream), then captured
+    once. A failed capture raises CaptureFailed from its error, after a synchronize; a failed warm-up raises its own."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
+        for _ in range(warmups):
+            run()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            fn()
-    except Exception:  # noqa: BLE001 (any failure of the capture: the caller times the calls instead)
+            outputs = run()
+    except Exception as error:  # noqa: BLE001 (the launch error, or capture_end's report of it)
         torch.cuda.synchronize()
+        raise CaptureFailed(str(error)) from error
+    return graph, outputs
+
+
+def as_graph(fn: Callable) -> Callable | None:
+    """fn captured once in a CUDA graph (capture, two warm-ups), returned as the graph's replay: a replay launches
+    all of fn's kernels with no CPU work between them. None where the capture fails (a call that waits for the CPU,
+    such as .item(), or launches off the current stream)."""
+    try:
+        graph, _ = capture(fn, warmups=2)
+    except CaptureFailed:  # the caller times the calls instead
         return None
     return graph.replay  # the bound method keeps the graph alive
 
