@@ -1818,8 +1818,9 @@ LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # tools/gpu/probe/lab07_staged.py, where the register kernel measured 0.81x; not yet run on an H200, where the register
 # kernel measured 0.88 of its H100 figure: so 0.80 (0.93 x 0.88 = 0.82).
 # Forward + backward, each side timed as a CUDA graph (harness.perf.as_graph; timed as calls, the compiled side's
-# CPU time made this case read 1.09x-1.68x in different processes): 1.084-1.092x on an H100 with the staged backward
-# (tools/gpu/probe/lab07_pair.py, 2026-11-26, seventh session), so 1.0 (issue: 1.1).
+# CPU time made this case read 1.09x-1.68x in different processes): on an H100 with the staged backward, 1.092-1.095x
+# in tools/gpu/probe/lab07_pair.py and 1.066-1.094x in this test and `./course bench 07` (three processes;
+# 2026-11-26, seventh session, tools/gpu/NOTES.md), so 1.0 (issue: 1.1).
 # Where this GPU does not take 65536-long float32 rows on chip (the forward past sm_80's shared memory, the backward
 # before sm_90), 'auto' streams, and is held to the streaming bars (_long_row_bars).
 # Student bars (issue 11, class 6): a straightforward fused kernel passes, the lesson's technique removed fails:
