@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 
 namespace course {
 
@@ -85,6 +86,31 @@ struct alignas(sizeof(T) * kElems) Pack {
 static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<float, 4>) == kVectorBytes,
               "a full pack is exactly one 16-byte access");
 // --8<-- [end:pack]
+
+// --8<-- [start:widen_pack]
+// A pack's elements in Compute<T>, for a pack just loaded. A bfloat16 is the top half of a float32, so a 32-bit word
+// of two bfloat16s widens with integer operations: the low element shifted up, the high one masked (exact, NaN and
+// subnormals included). Element by element, to_compute is __bfloat162float, an inline-PTX conversion the compiler
+// does not see through: it split each word into halves first, one PRMT a pair. Lab 07's staged RMSNorm backward
+// (bfloat16, nvcc 13.0, sm_90a, tools/gpu/sass_hist.py) had 1768 SASS instructions, 192 of them PRMT; widened here,
+// 1576 and none. The pack is taken by value: by reference (a memcpy from the caller's pack), nvcc turned a weight
+// load of one LDG.E.128 into byte loads.
+template <typename T, int kElems>
+__device__ __forceinline__ void widen_pack(Pack<T, kElems> pack, Compute<T> (&out)[kElems]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && kElems % 2 == 0) {
+    uint32_t words[kElems / 2];
+    memcpy(words, &pack, sizeof(words));
+#pragma unroll
+    for (int i = 0; i < kElems / 2; ++i) {
+      out[2 * i] = __uint_as_float(words[i] << 16);              // element 2i: the word's low half
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);  // element 2i + 1: the high half, in place
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) out[e] = to_compute(pack.v[e]);
+  }
+}
+// --8<-- [end:widen_pack]
 
 // --8<-- [start:store_pack_global]
 // A pack's store into global memory, kept one access. The compiler does not always keep a Pack assignment whole: in

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/row_reduce.cuh by `./course labs` [lab-hash 5ddb369e2d8c].
+// Lab skeleton generated from solutions/07-fused-normalization/row_reduce.cuh by `./course labs` [lab-hash 45290b208a0c].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's device helpers, shared by softmax.cu and rms_norm.cu: math in the compute type, the
@@ -148,9 +148,7 @@ struct RowSlice {
     for (int j = 0; j < kPacks; ++j) {
       const int64_t col = column(j, t);
       if (col < n) {
-        const P pack = *reinterpret_cast<const P*>(row + col);
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) v[j][e] = to_compute(pack.v[e]);
+        course::widen_pack(*reinterpret_cast<const P*>(row + col), v[j]);  // one 16-byte load, widened
       } else {
 #pragma unroll
         for (int e = 0; e < kElems; ++e) v[j][e] = fill;

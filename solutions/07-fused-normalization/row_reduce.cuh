@@ -149,9 +149,7 @@ struct RowSlice {
     for (int j = 0; j < kPacks; ++j) {
       const int64_t col = column(j, t);
       if (col < n) {
-        const P pack = *reinterpret_cast<const P*>(row + col);
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) v[j][e] = to_compute(pack.v[e]);
+        course::widen_pack(*reinterpret_cast<const P*>(row + col), v[j]);  // one 16-byte load, widened
       } else {
 #pragma unroll
         for (int e = 0; e < kElems; ++e) v[j][e] = fill;

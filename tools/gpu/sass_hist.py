@@ -2,6 +2,7 @@
 
     python3 tools/gpu/sass_hist.py OBJ REGEX [--top N]          one kernel: its count and its N commonest opcodes
     python3 tools/gpu/sass_hist.py OBJ REGEX --against OBJ2     the same kernel in two builds, opcode by opcode
+    python3 tools/gpu/sass_hist.py OBJ REGEX --against OBJ2 REGEX2   two kernels of different names (lab vs probe)
 
 OBJ: an object or library with sm_XX code, e.g. `nvcc -O3 -std=c++17 -arch=sm_90a -Iinclude -c rms_norm.cu -o a.o`
 in a lab folder. Needs cuobjdump and nvdisasm on PATH: not in this machine's CUDA, but in PyPI's
@@ -39,7 +40,9 @@ def main() -> None:
     name, counts = one(obj, pattern)
     print(f"{name[:100]}: {sum(counts.values())} instructions")
     if "--against" in rest:
-        other_name, other = one(rest[rest.index("--against") + 1], pattern)
+        at = rest.index("--against")
+        other_pattern = rest[at + 2] if len(rest) > at + 2 and not rest[at + 2].startswith("--") else pattern
+        other_name, other = one(rest[at + 1], other_pattern)
         print(f"{other_name[:100]}: {sum(other.values())} instructions")
         for op in sorted(set(counts) | set(other), key=lambda op: -abs(counts[op] - other[op])):
             if counts[op] != other[op]:
