@@ -1814,13 +1814,13 @@ LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # H200's F.rms_norm is relatively faster), so 1.1 for both machines; the backward 0.73-0.75x copy (0.261-0.263 ms),
 # so 0.70 (issue 13's 1.1x forward + backward waits on a faster backward: the probe's "2rows", tools/gpu/NOTES.md,
 # measured 0.90x there, but the lab's first version of it measured 0.75x and was taken out).
-# The staged backward (2026-11-26, tools/gpu/NOTES.md): 0.93-0.94x copy on an H100 in this file's perf test and in
-# tools/gpu/probe/lab07_staged.py, where the register kernel measured 0.81x; not yet run on an H200, where the register
-# kernel measured 0.88 of its H100 figure: so 0.80 (0.93 x 0.88 = 0.82).
+# The staged backward (2026-11-27, tools/gpu/NOTES.md): 0.96x copy on an H100 in this file's perf test and in
+# tools/gpu/probe/lab07_staged.py (the register kernel: 0.81-0.82x), 0.845x in this file's perf test on an H200 (its
+# copy is 4.25 TB/s; the probe: 83.6%): so 0.80.
 # Forward + backward, each side timed as a CUDA graph (harness.perf.as_graph; timed as calls, the compiled side's
-# CPU time made this case read 1.09x-1.68x in different processes): on an H100 with the staged backward, 1.092-1.095x
-# in tools/gpu/probe/lab07_pair.py and 1.066-1.094x in this test and `./course bench 07` (three processes;
-# 2026-11-26, seventh session, tools/gpu/NOTES.md), so 1.0 (issue: 1.1).
+# CPU time made this case read 1.09x-1.68x in different processes): 1.104x on an H100 in this test, in `./course
+# bench 07` and in tools/gpu/probe/lab07_pair.py (2026-11-27), but 1.07x in a process where both sides ran 13-16%
+# slower (cause not found); 1.151x on an H200: so 1.0 (issue: 1.1, met in most processes; lesson 07 section 12).
 # Where this GPU does not take 65536-long float32 rows on chip (the forward past sm_80's shared memory, the backward
 # before sm_90), 'auto' streams, and is held to the streaming bars (_long_row_bars).
 # Student bars (issue 11, class 6): a straightforward fused kernel passes, the lesson's technique removed fails:
