@@ -279,8 +279,14 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
     def sanitize(job: runner.Job, result: dict) -> None:
         sanitizer.run_as_asked(args, python, result, labs[job.lab], job.impl, label_prefix=f"{job.label}-", quiet=True)
 
+    said = threading.Lock()
+
     def say(line: str) -> None:
-        print(line, flush=True)
+        # Called from the pool's threads: print writes the line and its newline separately, and two runs ending
+        # together printed "...cases ...[course] 2/2 alice ...: its perf and large cases ..." on one line (CI,
+        # 2026-11-27, test_concurrent_runs_show_their_progress).
+        with said:
+            print(line, flush=True)
 
     try:  # SIGTERM arrives as KeyboardInterrupt (run_command); run_class stops its processes before it re-raises
         graded = runner.run_class(python, jobs, workers=workers, deadline_s=args.deadline, alone=alone,
