@@ -1010,8 +1010,15 @@ def test_auto_takes_on_chip_where_it_runs(op):
         run = ((lambda path: LAB.module.softmax_backward(grad_y, y, path=path)) if backward
                else (lambda path: LAB.module.softmax(x, path=path)))
         expected = taken_path(op, n, FP32, "auto")
+        forced = run(expected).view(torch.int32)
+        if not torch.equal(forced, run(expected).view(torch.int32)):
+            # A kernel left unwritten (the skeleton's streaming backward) leaves whatever its output's memory held,
+            # other bits each call, so bits cannot tell which path 'auto' took: that kernel's own tests fail instead
+            # of this check of the given launcher (which failed in the untouched skeleton, H100, 2026-11-27).
+            pytest.skip(f"{op} path={expected!r} gives other bits on two calls with the same input (a kernel not "
+                        "written yet): which path 'auto' takes is checked once that kernel is")
         # Bits, NaN included (an unfinished merge may give NaN, the same NaN on both paths).
-        assert torch.equal(run("auto").view(torch.int32), run(expected).view(torch.int32)), (
+        assert torch.equal(run("auto").view(torch.int32), forced), (
             f"{op} of x 3x{n} float32: path='auto' gives other bits than path={expected!r}, the path this GPU "
             f"should take (it keeps rows of up to {on_chip_row(FP32, backward)} float32 elements on chip)\n  hint: "
             "the launcher picks registers when the row fits, else on_chip where softmax_on_chip_row<T>() takes the "
