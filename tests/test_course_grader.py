@@ -293,3 +293,24 @@ def test_grade_runs_the_quick_sanitizer_pass_and_fails_a_race(tmp_path):
     race, output = reports["race"]
     assert "racecheck" in (race.get("error") or ""), f"the race was not reported by racecheck:\n{output[-3000:]}"
     assert "Race reported" in race["error"] or "hazard" in race["error"].lower(), race["error"]
+
+
+def test_perf_cases_wait_for_the_copy_rate_before_timing():
+    """perf.settle, which each perf case runs before it times: measurements until one reaches SETTLE_FRACTION of the
+    copy ceiling, or until max_s; with the seconds waited and the last reading."""
+    from harness import perf
+
+    def clock_from(times):
+        ticks = iter(times)
+        return lambda: next(ticks)
+
+    readings = iter([2500.0, 2550.0, 2990.0])  # 0.83, 0.85, then 0.997 of a 3000 GB/s ceiling
+    waited, gbps = perf.settle(lambda: next(readings), 3000.0, clock=clock_from([0.0, 0.1, 0.2, 0.3]))
+    assert (waited, gbps) == (0.3, 2990.0)
+    calls = []
+    waited, gbps = perf.settle(lambda: calls.append(1) or 2000.0, 3000.0, clock=clock_from([0.0, 0.4, 0.8, 1.2]),
+                               max_s=1.0)
+    assert (waited, gbps, len(calls)) == (1.2, 2000.0, 3)  # gave up after max_s, timed anyway
+    waited, gbps = perf.settle(lambda: 2900.0, 3000.0, clock=clock_from([5.0, 5.002]))
+    assert gbps == 2900.0 and abs(waited - 0.002) < 1e-9  # the usual case: one measurement
+    assert 0.85 < perf.SETTLE_FRACTION < 0.99

@@ -7,6 +7,7 @@ baseline interleaved (so clock drift hits both), the median of many runs.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -52,6 +53,46 @@ def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 2
     return ours_ms, baseline_ms
 
 
+# After GPU memory goes back to the driver (torch.cuda.empty_cache: the grader's past-2^31 cases do it, and so does
+# torch.cuda.graph before a capture), memory-bound kernels ran 13-17% slower for a while on an H100: lab 07's first
+# perf case read 0.213 ms after the past-2^31 cases in the same process and 0.183 ms without them, its copy baseline
+# alike; after 48 GiB handed back, a copy ran 16% slower for its first 100 ms (tools/gpu/probe/alloc_speed.py,
+# tools/gpu/probe/carveout.py; tools/gpu/NOTES.md, 2026-11-27). A case timed in that window reads its % of copy low,
+# and a ratio whose sides are not equally bound by bandwidth moves (lab 07's forward + backward read 1.07x there,
+# 1.10x elsewhere). So each case first waits, at most SETTLE_MAX_S, until a copy runs at SETTLE_FRACTION of the
+# process's copy ceiling (normally 0.99-1.0 of it, 0.84 in that window).
+SETTLE_FRACTION = 0.93
+SETTLE_MAX_S = 1.0
+
+
+def settle(measure_gbps: Callable[[], float], ceiling_gbps: float, clock: Callable[[], float] = time.perf_counter,
+           max_s: float = SETTLE_MAX_S) -> tuple[float, float]:
+    """Measure until a measurement reaches SETTLE_FRACTION of the ceiling or max_s have passed; (seconds waited,
+    the last measurement in GB/s)."""
+    start = clock()
+    while True:
+        gbps = measure_gbps()
+        waited = clock() - start
+        if gbps >= SETTLE_FRACTION * ceiling_gbps or waited >= max_s:
+            return waited, gbps
+
+
+def settle_gpu() -> tuple[float, float]:
+    """settle() with the ceiling's own copy (1 GiB, the median of 5), on this GPU; (0, 0) without waiting where the
+    case's own tensors leave no room for the copy's 2 GiB (a small GPU): timed unsettled, as before."""
+    try:
+        src = torch.empty(2**28, device="cuda")
+        dst = torch.empty_like(src)
+    except torch.cuda.OutOfMemoryError:
+        return 0.0, 0.0
+
+    def measure() -> float:
+        ms = jit.interleaved_median_ms([lambda: dst.copy_(src)], warmup=1, reps=5, flush_l2=False)[0]
+        return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+
+    return settle(measure, copy_bandwidth())
+
+
 class CaptureFailed(Exception):
     """A CUDA graph capture that failed; its cause is the launch's error or capture_end's report."""
 
@@ -94,8 +135,16 @@ def copy_bandwidth() -> float:
     if "copy" not in _ceilings:
         src = torch.randn(2**28, device="cuda")
         dst = torch.empty_like(src)
-        ms, _ = time_pair(lambda: dst.copy_(src), lambda: None, warmup=3, reps=20, flush_l2=False)
-        _ceilings["copy"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+        # The best of three, 0.1 s apart: measured once, in a slow window after memory went back to the driver (see
+        # SETTLE_FRACTION), the ceiling itself read low, and settle() then took a copy at 2587 GB/s, 86% of the
+        # usual 3005, for settled (H100, 2026-11-27).
+        best_ms = float("inf")
+        for attempt in range(3):
+            if attempt:
+                time.sleep(0.1)
+            ms, _ = time_pair(lambda: dst.copy_(src), lambda: None, warmup=3, reps=20, flush_l2=False)
+            best_ms = min(best_ms, ms)
+        _ceilings["copy"] = 2 * src.numel() * 4 / (best_ms * 1e-3) / 1e9
         del src, dst
     return _ceilings["copy"]
 
@@ -167,12 +216,14 @@ def perf_case(
         ours, baseline = (replay or fn for replay, fn in zip(replays, (ours, baseline)))
         baseline_name += (f"; {' and '.join(uncaptured)} not capturable in a CUDA graph, timed as calls" if uncaptured
                           else "; each side replayed as a CUDA graph")
+    settled_s, settled_gbps = settle_gpu()
     ours_ms, baseline_ms = time_pair(ours, baseline, reps=reps)
     case = PerfCase(lab, name, baseline_name, ours_ms, baseline_ms, student_bar, target, bytes_moved, flops)
     if bytes_moved:
         case.pct_of_copy = 100.0 * case.ours_gbps / copy_bandwidth()
     record = asdict(case)
     record["gpu"] = torch.cuda.get_device_name()
+    record["settle"] = {"waited_s": round(settled_s, 3), "copy_gbps": round(settled_gbps, 1)}
     RESULTS.append(record)
     if verify is not None:
         verify()
