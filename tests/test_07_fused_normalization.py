@@ -1825,9 +1825,10 @@ LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # tools/gpu/probe/lab07_staged.py (the register kernel: 0.81-0.82x), 0.845x in this file's perf test on an H200 (its
 # copy is 4.25 TB/s; the probe: 83.6%): so 0.80.
 # Forward + backward, each side timed as a CUDA graph (harness.perf.as_graph; timed as calls, the compiled side's
-# CPU time made this case read 1.09x-1.68x in different processes): 1.104x on an H100 in this test, in `./course
-# bench 07` and in tools/gpu/probe/lab07_pair.py (2026-11-27), but 1.07x in a process where both sides ran 13-16%
-# slower (cause not found); 1.151x on an H200: so 1.0 (issue: 1.1, met in most processes; lesson 07 section 12).
+# CPU time made this case read 1.09x-1.68x in different processes): on an H100 1.104-1.106x in this test, 1.102x in
+# `./course bench 07`, 1.102-1.104x in tools/gpu/probe/lab07_pair.py (2026-11-27; 1.07x in runs timed while memory
+# handed back to the driver slowed both sides, before perf.settle); 1.151x on an H200: so 1.0 (issue: 1.1, met by a
+# hair; lesson 07 section 12).
 # Where this GPU does not take 65536-long float32 rows on chip (the forward past sm_80's shared memory, the backward
 # before sm_90), 'auto' streams, and is held to the streaming bars (_long_row_bars).
 # Student bars (issue 11, class 6): a straightforward fused kernel passes, the lesson's technique removed fails:
