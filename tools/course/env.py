@@ -79,10 +79,21 @@ def cache_dir() -> Path:
 WHEEL_PACKAGE = "wheel==0.48.0"
 
 
+def _setuptools_has_bdist_wheel() -> bool:
+    """Whether setuptools ships setuptools/command/bdist_wheel.py (70.1 and later), found without importing it.
+    find_spec("setuptools.command.bdist_wheel") imports setuptools.command, and with it setuptools' distutils shim,
+    which is not thread-safe: lab 09's wheel build asks from a background thread while the main thread imports
+    torch.utils.cpp_extension (setuptools too). A CI run (2026-11-27) failed in that build with KeyError:
+    'distutils.util', which such a race explains; not reproduced (the same test passed alone and in two other runs)."""
+    spec = importlib.util.find_spec("setuptools")
+    return spec is not None and any((Path(folder) / "command" / "bdist_wheel.py").is_file()
+                                    for folder in spec.submodule_search_locations or ())
+
+
 def bdist_wheel_path() -> str | None:
     """A PYTHONPATH entry that gives this python bdist_wheel (WHEEL_PACKAGE, installed once into the cache), or
     None when it has one already."""
-    if any(importlib.util.find_spec(name) is not None for name in ("wheel", "setuptools.command.bdist_wheel")):
+    if importlib.util.find_spec("wheel") is not None or _setuptools_has_bdist_wheel():
         return None
     target = cache_dir() / f"pip-target-{hashlib.sha256(WHEEL_PACKAGE.encode()).hexdigest()[:12]}"
     stamp = target / ".installed"
