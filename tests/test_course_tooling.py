@@ -408,6 +408,93 @@ def test_sanitizer_merges_a_tools_shards():
     assert sanitizer.merge_shards(rows[:1]) is rows[0]
 
 
+_INTERNAL_ERROR_LOG = """========= COMPUTE-SANITIZER
+tests/test_05_tensor_cores.py::test_linear_act[17x40x24-bf16-gelu] ========= Internal Sanitizer Error: The Sanitizer \
+failed to handle a hardware exception.
+Fatal Python error: Aborted
+========= Error: process didn't terminate successfully
+========= Target application returned an error
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+_CLEAN_LOG = "========= COMPUTE-SANITIZER\n1 passed\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+_RACE_LOG = ("========= Error: Race reported between Write access at void linear_act_kernel<16>(int)+0x1b0 in lin.cu:23\n"
+             "========= and Read access at void linear_act_kernel<16>(int)+0x2c0 in lin.cu:30\n"
+             "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+
+
+def _fake_sanitizer_runs(monkeypatch, tmp_path, racecheck_runs):
+    """sanitizer.sanitize over lab 05 with runner.run_pytest faked: each racecheck run takes the next (log text,
+    process error) of `racecheck_runs`, the other tools run clean; returns the racecheck command lines."""
+    import sanitizer
+
+    calls, lock = [], threading.Lock()
+
+    def run_pytest(python, files, *, label, wrapper, **_):
+        if "racecheck" in wrapper:
+            with lock:
+                log, error = racecheck_runs[len(calls)]
+                calls.append(wrapper)
+        else:
+            log, error = "========= ERROR SUMMARY: 0 errors\n", None
+        path = tmp_path / f"{label}.log"
+        path.write_text(log)
+        return {"log": str(path), "seconds": 1.0, "tests": [], **({"error": error} if error else {})}
+
+    monkeypatch.setattr(sanitizer.runner, "run_pytest", run_pytest)
+    monkeypatch.setattr(sanitizer, "lab_kernels", lambda lab, impl: ["linear_act_kernel"])
+    return calls
+
+
+def test_sanitizer_runs_a_dead_tool_again_alone_over_every_kernel(monkeypatch, tmp_path):
+    """A tool that dies on its own (racecheck's Internal Sanitizer Error with --kernel-name, labs 05 and 10 on an
+    H200) runs once more without the kernel filter; a clean second run makes the row clean, and the lab passes."""
+    import sanitizer
+
+    died = "the test process died (exit code 6) before finishing"
+    calls = _fake_sanitizer_runs(monkeypatch, tmp_path, [(_INTERNAL_ERROR_LOG, died), (_CLEAN_LOG, None)])
+    result = {}
+    sanitizer.run_into("python", result, trees.find_lab("05"), "solutions", quick=True, quiet=True)
+    row = next(r for r in result["sanitizer"] if r["tool"] == "racecheck")
+    assert len(calls) == 2 and "--kernel-name" in calls[0]
+    assert "--kernel-name" not in calls[1], "the retry must instrument every kernel"
+    assert sanitizer.is_clean(row) and "Internal Sanitizer Error" in row["retried_after"], row
+    assert not result.get("error") and not result.get("sanitizer_not_checked")
+
+
+def test_sanitizer_that_cannot_run_is_not_checked_and_fails_nothing(monkeypatch, tmp_path):
+    import sanitizer
+
+    died = "the test process died (exit code 6) before finishing"
+    _fake_sanitizer_runs(monkeypatch, tmp_path, [(_INTERNAL_ERROR_LOG, died)] * 2)
+    rows = sanitizer.sanitize("python", trees.find_lab("05").test_file, impl="solutions", lab_number="05",
+                              tools=("racecheck",), quick=True, quiet=True)
+    assert "could not run" in rows[0]["not_checked"] and not sanitizer.fails_the_lab(rows[0])
+    result = {"sanitizer": rows, "sanitizer_not_checked": [rows[0]["not_checked"]], "lab": "05-tensor-cores"}
+    assert report.lab_failure(result) is None, "a tool that could not run must not zero the lab"
+
+
+def test_sanitizer_finding_still_fails_the_lab(monkeypatch, tmp_path):
+    import sanitizer
+
+    calls = _fake_sanitizer_runs(monkeypatch, tmp_path, [(_RACE_LOG, None)])
+    result = {}
+    sanitizer.run_into("python", result, trees.find_lab("05"), "solutions", quick=True, quiet=True)
+    assert len(calls) == 1, "a finding is never retried"
+    assert "Race reported" in result["error"]
+
+
+def test_sanitizer_retry_does_not_count_pytorchs_kernels(monkeypatch, tmp_path):
+    """The retry instruments PyTorch's kernels too: a report about one of them alone is not the lab's finding."""
+    import sanitizer
+
+    died = "the test process died (exit code 6) before finishing"
+    foreign = _RACE_LOG.replace("linear_act_kernel<16>(int)", "fmha_cutlassB_f32_aligned_64x64_k64_sm80(Params)")
+    _fake_sanitizer_runs(monkeypatch, tmp_path, [(_INTERNAL_ERROR_LOG, died), (foreign, None)])
+    rows = sanitizer.sanitize("python", trees.find_lab("05").test_file, impl="solutions", lab_number="05",
+                              tools=("racecheck",), quick=True, quiet=True)
+    assert sanitizer.is_clean(rows[0]) and rows[0]["foreign_findings"], rows[0]
+
+
 # ---------------------------------------------------------------- the notebook beside the graded run
 def _cli():
     import cli  # tools/course, on sys.path above; imported here, where its tests need it

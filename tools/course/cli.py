@@ -442,7 +442,9 @@ def cmd_sanitize(args) -> int:
     report.print_sanitizer(lab.name, impl, rows)
     if args.json:
         report.write_json(Path(args.json), {"lab": lab.name, "impl": impl, "tools": rows})
-    return 0 if all(sanitizer.is_clean(r) for r in rows) else 1
+    if any(sanitizer.fails_the_lab(r) for r in rows):
+        return 1
+    return 3 if any(r.get("not_checked") for r in rows) else 0  # 3: a tool could not check (said above)
 
 
 def cmd_profile(args) -> int:
@@ -588,7 +590,8 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
-                   help="seconds before a lab's run is killed as hung")
+                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
+                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
     p.add_argument("--seed", type=int,
                    help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p = add("grade", "grade labs: correctness, error handling and speed, with a per-case report", cmd_grade)
@@ -606,7 +609,8 @@ def main(argv=None) -> int:
                    "the folder that gets STUDENT/results.json (default: build/gradescope)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
-                   help="seconds before a lab's run is killed as hung")
+                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
+                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
     p.add_argument("--seed", type=int,
                    help="random seed for the inputs (printed on every run; pass it to reproduce one)")
     p.add_argument("--test-deadline", type=float, default=None, metavar="SECONDS",

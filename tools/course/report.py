@@ -124,9 +124,12 @@ def print_summary(results: list[dict], verbose: bool = False) -> dict:
         if result.get("sanitizer"):
             rows = result["sanitizer"]
             clean = [r["tool"] for r in rows if sanitizer.is_clean(r)]
+            unchecked = result.get("sanitizer_not_checked", [])
             print(f"  compute-sanitizer over {rows[0]['tests']} case(s) in {result.get('sanitizer_seconds', 0):.0f} s: "
                   + (f"{', '.join(clean)} clean" if clean else "no tool clean")
-                  + ("" if len(clean) == len(rows) else "; findings above"))
+                  + ("" if len(clean) + len(unchecked) == len(rows) else "; findings above"))
+            for line in unchecked:  # the grader's tool failed, not the lab: no point is lost for it
+                print(f"  {_tag('SKIP')} not checked: {line} (no point lost; the course's tool failed, not your lab)")
         print(f"  log: {result['log']}")
     if totals["reference_passed"] + totals["reference_failed"] + totals["reference_skipped"]:
         print(f"\n{REFERENCE_LABEL}: {totals['reference_passed']} passed, {totals['reference_failed']} failed, "
@@ -280,6 +283,7 @@ def _lab_output(result: dict, rows: list[dict]) -> str:
         lines.append(failure)
     if counts["skipped"]:
         lines.append(f"skipped: {_first_skip(_student_tests(result))}")
+    lines.extend(f"not checked (no point lost): {line}" for line in result.get("sanitizer_not_checked", []))
     reference = _reference_tests(result)
     if reference:
         lines.append(_reference_line(reference))
@@ -381,7 +385,9 @@ def shard_problem(shards: dict[str, set], empty_files: int = 0) -> str | None:
 def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
     print(f"\ncompute-sanitizer on {lab} (impl: {impl})")
     for row in rows:
-        if row["process_error"] and not row["ran"]:
+        if row.get("not_checked"):
+            status = _tag("SKIP")
+        elif row["process_error"] and not row["ran"]:
             status = _tag("ERROR")
         else:
             status = _tag("PASS") if sanitizer.is_clean(row) else _tag("FAIL")
@@ -393,5 +399,12 @@ def print_sanitizer(lab: str, impl: str, rows: list[dict]) -> None:
             print(f"       a test failed under {row['tool']} (the tool itself reported nothing on it): {line}")
         if row["process_error"]:
             print(f"       {row['process_error'].splitlines()[0]}")
+        if row.get("retried_after"):
+            print(f"       ran twice: the first run could not check ({row['retried_after']}); "
+                  "the second ran alone, over every kernel")
+        if row.get("not_checked"):
+            print(f"       not checked: {row['not_checked']}")
+        for line in row.get("foreign_findings", [])[:3]:
+            print(f"       in a kernel that is not the lab's (not counted): {line}")
         if row["errors"] or row["process_error"]:
             print(f"       log: {row['log']}")

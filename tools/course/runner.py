@@ -30,6 +30,8 @@ PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a
 
 
 _PYTEST_OWN_ERRORS = (2, 3, 4)
+# What a quick sanitizer pass adds to a run's result (sanitizer.run_into): carried over wherever the result is remade.
+QUICK_PASS_KEYS = ("sanitizer", "sanitizer_seconds", "sanitizer_not_checked", "error")
 # The grading processes running now (each the leader of its own process group), so that an
 # interrupted class run can stop the ones it started.
 _RUNNING: set = set()
@@ -42,17 +44,23 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-TEST_CHECK_EVERY_S = 1.0  # how often a run's timing file is read for the per-test deadline
+TEST_CHECK_EVERY_S = 1.0  # how often a run's timing file is read (its waits and builds, the per-test deadline)
+# One build's limit, apart from the run's deadline: generous, since a class run compiles many labs at once on shared
+# cores (lab 08's reference built in 75 s with 14 runs at once on an H200 box; lab 09's wheels take longer).
+BUILD_DEADLINE_S = int(os.environ.get("COURSE_BUILD_DEADLINE", "1800"))
 
 
 def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_number: str | None, verbose: bool,
                deadline_s: int, seed: int | None = None, pytest_args: list[str] | None = None,
                wrapper: list[str] | None = None, extra_env: dict | None = None, quiet: bool = False,
-               test_deadline_s: float | None = None) -> dict:
+               test_deadline_s: float | None = None, build_deadline_s: float | None = None) -> dict:
     """pytest over `files` in a child process grading the tree `impl`; returns its results plus
     what happened to the process. Logs and the child's JSON go to build/logs/LABEL.*. `quiet`: no
     progress lines (a pool of runs prints its own). `test_deadline_s`: the child is killed as hung once one test
-    has run that long (its builds not counted), not only at `deadline_s` for the whole run."""
+    has run that long (its builds not counted), not only at `deadline_s` for the whole run. Neither deadline counts
+    the child's builds or its waits for the class's GPU lock; a single build running past `build_deadline_s`
+    (BUILD_DEADLINE_S) kills the run as a slow build."""
+    build_deadline_s = build_deadline_s or BUILD_DEADLINE_S
     trees.LOGS.mkdir(parents=True, exist_ok=True)
     json_path, log_path = trees.LOGS / f"{label}.json", trees.LOGS / f"{label}.log"
     timing_path = json_path.with_name(f"{label}.timing.json")  # tests/harness/timing.py writes it
@@ -75,15 +83,19 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
         next_progress = started + PROGRESS_EVERY_S
-        waited = 0.0  # the child's waits for the class's GPU lock (its timing file): the deadline does not count them
-        overrun, next_test_check = None, started + TEST_CHECK_EVERY_S
+        # Not counted against the deadline: the child's waits for the class's GPU lock, and its builds (a build
+        # under contention is slow, not hung: with 14 runs at once, lab 08's build alone took 75 s). A build has
+        # a limit of its own, build_deadline_s.
+        excluded, building_for = 0.0, 0.0
+        overrun, slow_build, next_check = None, False, started + TEST_CHECK_EVERY_S
         while True:
             now = time.perf_counter()
-            if now - started - waited > deadline_s:
-                waited = lock_waits(timing_path)
-            if test_deadline_s and now > next_test_check:
-                overrun, next_test_check = test_overrun(timing_path, test_deadline_s), now + TEST_CHECK_EVERY_S
-            if now - started - waited > deadline_s or overrun:
+            if now > next_check:
+                state = _read_timing(timing_path)
+                excluded, building_for = lock_waits(state) + build_seconds(state), build_under_way(state)
+                overrun = test_overrun(state, test_deadline_s) if test_deadline_s else None
+                slow_build, next_check = building_for > build_deadline_s, now + TEST_CHECK_EVERY_S
+            if now - started - excluded > deadline_s or overrun or slow_build:
                 hung = True
                 # The whole process group: a run killed while it builds leaves no ninja or nvcc behind to hold
                 # cores that the other runs of a class need (process.kill() stopped pytest alone).
@@ -115,17 +127,18 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         timing = json.loads(timing_path.read_text())
     result["phases"] = process_phases(seconds, launched_at, ended_at, timing)
     result["build_failed"] = bool(timing.get("build_failed"))
-    if hung and overrun:
+    if hung and slow_build:
+        result["error"] = (f"killed after one build ran for {building_for:.0f} s, past the build limit of "
+                           f"{build_deadline_s} s: a slow build, not a hanging kernel (on a busy machine, grade "
+                           "with fewer --jobs; `./course doctor` checks the compilers and memory)")
+    elif hung and overrun:
         result["error"] = (f"killed after {overrun.split('::')[-1]} ran for more than {test_deadline_s:g} s (the "
                            "per-test deadline, --test-deadline): a kernel probably hangs (an endless loop, or "
                            "__syncthreads() inside a branch that not every thread of the block takes)"
                            + trees.sanitize_hint(lab_number, impl, looking_for="a barrier in divergent code"))
-    elif hung and timing.get("build_since"):  # the deadline counts the build: a slow build is no hang
-        result["error"] = (f"killed after the {deadline_s} s deadline while it was still building (for "
-                           f"{result['phases']['build']:.0f} s): the deadline counts the build; on a busy machine "
-                           "(grade --all --jobs N) give a larger --deadline")
     elif hung:
-        result["error"] = (f"killed after the {deadline_s} s deadline: a kernel probably hangs (an endless loop, or "
+        result["error"] = (f"killed after the {deadline_s} s deadline (its builds not counted): a kernel probably "
+                           "hangs (an endless loop, or "
                            "__syncthreads() inside a branch that not every thread of the block takes)"
                            + trees.sanitize_hint(lab_number, impl, looking_for="a barrier in divergent code"))
     elif process.returncode not in (0, 1, 5) or not json_path.exists():
@@ -138,25 +151,35 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
     return result
 
 
-def test_overrun(timing_path: Path, test_deadline_s: float) -> str | None:
-    """The node id of a test a running child has been in for more than `test_deadline_s` seconds, its builds not
-    counted (tests/harness/timing.py's file), else None."""
+def _read_timing(timing_path: Path) -> dict:
+    """A running child's timing file (tests/harness/timing.py writes it whole, then renames it), or {}."""
     try:
-        timing = json.loads(timing_path.read_text())
+        return json.loads(timing_path.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+
+
+def build_seconds(timing: dict) -> float:
+    """Seconds a running child has spent in its builds so far, the one under way included."""
+    return timing.get("build_s", 0.0) + build_under_way(timing)
+
+
+def build_under_way(timing: dict) -> float:
+    """Seconds the child's build under way has run (0: none is)."""
+    return max(time.time() - timing["build_since"], 0.0) if timing.get("build_since") else 0.0
+
+
+def test_overrun(timing: dict, test_deadline_s: float) -> str | None:
+    """The node id of a test a running child has been in for more than `test_deadline_s` seconds, its builds not
+    counted (the child's timing file, _read_timing), else None."""
     if not timing.get("test_since") or timing.get("build_since"):
         return None
     busy = time.time() - timing["test_since"] - (timing.get("build_s", 0.0) - timing.get("test_build_s", 0.0))
     return timing.get("test") if busy > test_deadline_s else None
 
 
-def lock_waits(timing_path: Path) -> float:
-    """Seconds a running child has waited for the class's GPU lock so far (tests/harness/timing.py's file)."""
-    try:
-        timing = json.loads(timing_path.read_text())
-    except (OSError, ValueError):
-        return 0.0
+def lock_waits(timing: dict) -> float:
+    """Seconds a running child has waited for the class's GPU lock so far (its timing file, _read_timing)."""
     ongoing = time.time() - timing["lock_wait_since"] if timing.get("lock_wait_since") else 0.0
     return timing.get("lock_wait_s", 0.0) + max(ongoing, 0.0)
 
@@ -338,8 +361,8 @@ def merge_phases(shared: dict, alone: dict) -> dict:
     merged["returncode"] = 1 if 1 in codes else 0 if 0 in codes else 5
     if alone.get("error"):
         merged["error"], merged["returncode"] = alone["error"], alone.get("returncode")
-        merged.pop("sanitizer", None)
-        merged.pop("sanitizer_seconds", None)
+        for key in QUICK_PASS_KEYS[:-1]:
+            merged.pop(key, None)
     return merged
 
 
@@ -451,7 +474,7 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
             result["label"] = job.label
             result["phases"] = add_phases(first.get("phases"), result.get("phases"))  # both runs' work
             if not result.get("error"):  # the sanitizer pass after the first run stands (a single run's would too)
-                result.update({key: first[key] for key in ("sanitizer", "sanitizer_seconds", "error") if key in first})
+                result.update({key: first[key] for key in QUICK_PASS_KEYS if key in first})
         result["phases"] = job_phases(result, queued=queued[job], perf_wait=waited)
         return result
 

@@ -53,9 +53,38 @@ _LIBRARY_KERNEL = re.compile(r"//\s*course: library kernel (\w+)")
 _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
 
 
+# What compute-sanitizer prints when the tool itself fails, not the program under it. Seen on an H200 (compute-sanitizer
+# 2025.3.1, driver 580.159.04): racecheck with --kernel-name died on the first case of labs 05 and 10 ("Internal
+# Sanitizer Error: The Sanitizer failed to handle a hardware exception", the test process aborted, and the summary
+# counted the tool's own error as "1 hazard"); the same cases ran clean under racecheck without the kernel filter.
+_TOOL_FAILURE = re.compile(r"Internal Sanitizer Error|process didn't terminate successfully|"
+                           r"Target application returned an error|Device not supported|"
+                           r"Sanitizer (?:failed|is unable|could not)|out of memory", re.IGNORECASE)
+
+
 def is_clean(row: dict) -> bool:
     """A sanitizer row is clean when the tool ran to its summary and reported nothing."""
     return row["ran"] and not row["errors"] and not row["process_error"]
+
+
+def real_findings(row: dict) -> list[str]:
+    """The row's findings that are reports about the program, not the tool's own failure."""
+    return [f for f in row.get("findings", []) if not _TOOL_FAILURE.search(f)]
+
+
+def tool_failure(row: dict) -> str | None:
+    """Why the tool could not check the lab, or None when it did: its process died (or ran past its deadline) with
+    no report about the program and no failed test. Such a death is the grader's problem, never the student's."""
+    if not row.get("process_error") or real_findings(row) or row.get("failed"):
+        return None
+    own = [f for f in row.get("findings", []) if _TOOL_FAILURE.search(f)]
+    return own[0] if own else row["process_error"].splitlines()[0][:200]
+
+
+def fails_the_lab(row: dict) -> bool:
+    """A row that fails the lab: the tool ran and reported something (a finding, a failed test, a death that is
+    not the tool's own); a tool that could not check (row['not_checked']) fails nothing."""
+    return not is_clean(row) and not row.get("not_checked")
 
 
 def sanitizer_available() -> bool:
@@ -86,11 +115,11 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
 
     kernels = lab_kernels(lab_number, impl)
 
-    def one_tool(tool: str, shard: int = 0) -> dict:
+    def one_tool(tool: str, shard: int = 0, retry: bool = False) -> dict:
         label = (f"{label_prefix}sanitize-{lab_number}-{tool}{'-quick' if quick else ''}"
-                 + (f"-shard{shard}of{shards}" if shards > 1 else ""))
+                 + (f"-shard{shard}of{shards}" if shards > 1 else "") + ("-retry" if retry else ""))
         wrapper = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"]
-        if kernels and tool != "initcheck":
+        if kernels and tool != "initcheck" and not retry:
             wrapper += ["--kernel-name", "regex=" + "|".join(kernels)]
         if tool == "racecheck":
             wrapper += ["--racecheck-report", "hazard"]
@@ -116,6 +145,30 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
                 "summaries": summaries[:4],
                 "process_error": result.get("error"), "log": result["log"], "seconds": result["seconds"]}
 
+    def checked(tool: str, shard: int, row: dict) -> dict:
+        """The row, or, where the tool itself failed, the row of one more run of it alone and without the kernel
+        filter (the cause seen so far); a second failure marks the row not_checked, with why."""
+        first = tool_failure(row)
+        if not first:
+            return row
+        if not quiet:
+            print(f"[course] {label_prefix}sanitize-{lab_number}: {tool} could not run ({first}); once more, alone "
+                  "and over every kernel", flush=True)
+        again = one_tool(tool, shard, retry=True)
+        again["retried_after"] = first
+        if tool_failure(again):
+            again["not_checked"] = (f"compute-sanitizer {tool} could not run: {first}; run again alone over every "
+                                    f"kernel: {tool_failure(again)}")
+        elif kernels and real_findings(again) and not any(name in f for f in real_findings(again) for name in kernels):
+            # The retry instrumented PyTorch's kernels too: reports about them alone are not the lab's (racecheck
+            # reported hazards inside PyTorch's own attention backward on an H100), but they leave the lab unchecked
+            # where the process died of them or a test failed.
+            again["foreign_findings"], again["findings"], again["errors"] = again["findings"], [], 0
+            if again["process_error"] or again["failed"]:
+                again["not_checked"] = (f"compute-sanitizer {tool} could not run: {first}; run again over every "
+                                        "kernel, it reported only on PyTorch's kernels, not the lab's")
+        return again
+
     if not quiet:
         what = ("the quick pass" if quick else "every correctness case" + (f" but ({exclude})" if exclude else "")
                 + (f" that -k '{select}' selects" if select else ""))
@@ -123,6 +176,7 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
     jobs = [(tool, shard) for tool in tools for shard in range(shards)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         rows = list(pool.map(lambda job: one_tool(*job), jobs))
+    rows = [checked(tool, shard, row) for (tool, shard), row in zip(jobs, rows)]  # retries one at a time: alone
     return [merge_shards([row for (tool_, _), row in zip(jobs, rows) if tool_ == tool]) for tool in tools]
 
 
@@ -139,7 +193,8 @@ def merge_shards(rows: list[dict]) -> dict:
             "failed_tests": [t for r in rows for t in r["failed_tests"]][:5],
             "summaries": [line for r in rows for line in r["summaries"]][:4],
             "process_error": "; ".join(errors) or None, "log": ", ".join(r["log"] for r in rows),
-            "seconds": max(r["seconds"] for r in rows)}
+            "seconds": max(r["seconds"] for r in rows),
+            "not_checked": "; ".join(r["not_checked"] for r in rows if r.get("not_checked")) or None}
 
 
 def lab_kernels(lab_number: str, impl: str) -> list[str]:
@@ -184,9 +239,11 @@ def findings_of(log_text: str) -> list[str]:
     lines = log_text.splitlines()
     findings = []
     for index, line in enumerate(lines):
-        if not re.match(r"========= \S", line) or "SUMMARY" in line or "COMPUTE-SANITIZER" in line:
+        # The tool's lines start with its marker, or follow a test's name on the line pytest -v began for it.
+        marked = re.search(r"(?:^|\s)========= (\S.*)", line)
+        if not marked or "SUMMARY" in line or "COMPUTE-SANITIZER" in line:
             continue
-        headline = line.removeprefix("=========").strip()
+        headline = marked.group(1).strip()
         if not re.search(r"\S+:\d+", headline):
             for detail in lines[index + 1:index + 6]:
                 where = re.match(r"=========\s+at (.*)", detail)
@@ -224,7 +281,7 @@ def quick_pass_counts(result: dict) -> bool:
 def take_quick_pass(result: dict, quick_pass: dict) -> None:
     """A quick pass run beside `result`'s run (run_into on a dict of its own) into `result`, where it counts."""
     if quick_pass_counts(result):
-        for key in ("sanitizer", "sanitizer_seconds", "error"):
+        for key in runner.QUICK_PASS_KEYS:
             if key in quick_pass:
                 result[key] = quick_pass[key]
 
@@ -238,7 +295,10 @@ def run_into(python: str, result: dict, lab, impl: str, *, quick: bool, label_pr
                     label_prefix=label_prefix, quiet=quiet, deadline_s=deadline_s)
     result["sanitizer"] = rows
     result["sanitizer_seconds"] = round(time.monotonic() - started, 1)  # wall time: the quick pass's tools overlap
-    dirty = [r for r in rows if not is_clean(r)]
+    unchecked = [r["not_checked"] for r in rows if r.get("not_checked")]
+    if unchecked:  # the tool's failure, not the student's: reported, and no point lost
+        result["sanitizer_not_checked"] = unchecked
+    dirty = [r for r in rows if fails_the_lab(r)]
     if dirty:
         lines = [f"compute-sanitizer {r['tool']}: {r['findings'][0] if r['findings'] else r['process_error'] or ''}"
                  for r in dirty]
