@@ -416,8 +416,10 @@ Fatal Python error: Aborted
 ========= Target application returned an error
 ========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
 """
-_CLEAN_LOG = "========= COMPUTE-SANITIZER\n1 passed\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
-_RACE_LOG = ("========= Error: Race reported between Write access at void linear_act_kernel<16>(int)+0x1b0 in lin.cu:23\n"
+_CLEAN_LOG = ("========= COMPUTE-SANITIZER\n1 passed\n"
+              "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+_RACE_LOG = ("========= Error: Race reported between Write access at void linear_act_kernel<16>(int)+0x1b0 in "
+             "lin.cu:23\n"
              "========= and Read access at void linear_act_kernel<16>(int)+0x2c0 in lin.cu:30\n"
              "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
 
