@@ -237,7 +237,7 @@ def test_perf_scale():
         LAB.assert_close(last["y"], x * 1.5, case="scale: the output of the timed calls", tol=tolerance(FP32))
 
     LAB.perf(name="scale 2^28 fp32", ours=ours, baseline=lambda: torch.mul(x, 1.5), baseline_name="torch.mul",
-             bytes_moved=2 * 4 * PERF_N, student_bar=STUDENT_BAR, target=0.8, verify=verify)
+             bytes_moved=2 * 4 * PERF_N, student_bar=STUDENT_BAR, target=0.8, verify=verify, inputs=(x,))
 
 
 @requires_gpu
@@ -256,7 +256,7 @@ def test_perf_axpy():
 
     LAB.perf(name="axpy 2^28 fp32", ours=ours, baseline=lambda: torch.add(y, x, alpha=1.5),
              baseline_name="torch.add(alpha=)", bytes_moved=3 * 4 * PERF_N, student_bar=STUDENT_BAR, target=0.8,
-             verify=verify)
+             verify=verify, inputs=(x, y))
 
 
 # ---------------------------------------------------------------- the notebook
@@ -288,6 +288,24 @@ MUTANTS = [
                    "  if (cache.count(x.numel())) return cache[x.numel()];\n"
                    "  at::Tensor y = at::empty_like(x);\n  cache[x.numel()] = y;\n",
                    tests="test_scale and block", expect="elements wrong"),
+    # Timings that cannot be gamed: a result kept from the first call on the same x and replayed (the timed calls'
+    # inputs get new values before each call, and the last call's output is checked), and the kernel left on a
+    # stream of its own, forked from the current one but never joined (the events on the current stream then time
+    # nothing: a time under the physical floor).
+    harness.Mutant("replays-the-timed-result", "wrapper.cpp", "  at::Tensor y = at::empty_like(x);\n",
+                   "  static const void* last_x = nullptr;\n  static at::Tensor last_y;\n"
+                   "  if (x.const_data_ptr() == last_x) return last_y;\n"
+                   "  at::Tensor y = at::empty_like(x);\n  last_x = x.const_data_ptr();\n  last_y = y;\n",
+                   tests="test_perf_scale", expect="the output of the timed calls", perf=True),
+    harness.Mutant("work-left-on-a-side-stream", "scale.cu",
+                   "  scale_kernel<<<config.blocks, config.threads, 0, stream>>>(x, y, alpha, n);\n",
+                   "  static cudaStream_t side = [] { cudaStream_t s; cudaStreamCreateWithFlags(&s, "
+                   "cudaStreamNonBlocking); return s; }();\n"
+                   "  static cudaEvent_t ready = [] { cudaEvent_t e; cudaEventCreateWithFlags(&e, "
+                   "cudaEventDisableTiming); return e; }();\n"
+                   "  cudaEventRecord(ready, stream);\n  cudaStreamWaitEvent(side, ready, 0);\n"
+                   "  scale_kernel<<<config.blocks, config.threads, 0, side>>>(x, y, alpha, n);\n",
+                   tests="test_perf_scale", expect="impossibly fast", perf=True),
     # Output placement (issue 11, class 1): axpy accumulates into y's memory and returns y. Its values are
     # right; the reference, computed from y after the call, is not, so only the input check names the bug.
     harness.Mutant("writes-into-input", "wrapper.cpp", "  at::Tensor out = at::empty_like(x);\n",

@@ -300,7 +300,7 @@ def _perf_copy(name, call, *, student_bar, target, hint):
     try:
         return LAB.perf(name=name, ours=lambda: call(dst, src), baseline=lambda: baseline_dst.copy_(src),
                         baseline_name="dst.copy_(src)", bytes_moved=2 * 4 * PERF_N, student_bar=student_bar,
-                        target=target, verify=verify)
+                        target=target, verify=verify, inputs=(src,))
     except harness.GradeFailure as failure:
         raise harness.GradeFailure(f"{failure}\n  hint: {hint}") from None
 

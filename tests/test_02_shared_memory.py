@@ -297,7 +297,8 @@ def perf_case(kernel: str, *, against: str, student_bar: float, target: float):
                          tol=tolerance(FP32), tile=tile_shape(), hint=HINT)
 
     LAB.perf(name=f"{kernel} transpose {shape_id(PERF_SHAPE)} fp32 vs {against}", ours=ours, baseline=baseline,
-             baseline_name=baseline_name, bytes_moved=PERF_BYTES, student_bar=student_bar, target=target, verify=verify)
+             baseline_name=baseline_name, bytes_moved=PERF_BYTES, student_bar=student_bar, target=target, verify=verify,
+             inputs=(x,))
 
 
 @requires_gpu

@@ -567,7 +567,7 @@ def _perf(op: str, baseline_name: str, *, student_bar: float, target: float,
 
     LAB.perf(name=f"{prefix}linear+bias+GELU {size} {str(dtype)[6:]} vs {versus}", ours=ours,
              baseline=lambda: baseline(x, weight, bias), baseline_name=baseline_name, flops=2 * m * n * k,
-             student_bar=student_bar, target=target, verify=verify)
+             student_bar=student_bar, target=target, verify=verify, inputs=(x, weight, bias))
 
 
 @requires_gpu

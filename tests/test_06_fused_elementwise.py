@@ -876,12 +876,12 @@ def compiled_unfused(*example):
     return fn
 
 
-def _perf(kind, *, dtype, ours, baseline, baseline_name, bytes_moved, verify):
+def _perf(kind, *, dtype, ours, baseline, baseline_name, bytes_moved, verify, inputs):
     target, student_bar = PERF_BARS[kind, dtype]
     try:
         return LAB.perf(name=f"{kind}, {shape_id(PERF_SHAPE)} {dtype_name(dtype)}", ours=ours, baseline=baseline,
                         baseline_name=baseline_name, bytes_moved=bytes_moved, student_bar=student_bar, target=target,
-                        verify=verify)
+                        verify=verify, inputs=inputs)
     except harness.GradeFailure as failure:
         raise harness.GradeFailure(f"{failure}\n  hint: {PERF_HINTS[kind]}") from None
 
@@ -898,7 +898,7 @@ def _perf_forward(kind, dtype, baseline, baseline_name):
                       "calls", hint=VECTOR_HINT)
 
     _perf(kind, dtype=dtype, ours=ours, baseline=baseline(x, bias), baseline_name=baseline_name,
-          bytes_moved=2 * nbytes(x) + 2 * nbytes(bias), verify=verify)
+          bytes_moved=2 * nbytes(x) + 2 * nbytes(bias), verify=verify, inputs=(x, bias))
 
 
 @requires_gpu
@@ -961,7 +961,7 @@ def test_perf_backward_vs_copy(dtype):
 
     _perf("backward vs copy", dtype=dtype, ours=ours, baseline=lambda: dst.copy_(src),
           baseline_name="a device-to-device copy of the same bytes", bytes_moved=3 * nbytes(x) + 2 * nbytes(bias),
-          verify=verify)
+          verify=verify, inputs=(x, bias, grad_y))
 
 
 @requires_gpu
@@ -990,7 +990,7 @@ def test_perf_forward_backward_vs_compiled(dtype):
 
     _perf("forward+backward vs compiled", dtype=dtype, ours=ours, baseline=baseline,
           baseline_name="torch.compile(F.gelu(x + b)), forward and backward",
-          bytes_moved=5 * nbytes(x) + 4 * nbytes(bias), verify=verify)
+          bytes_moved=5 * nbytes(x) + 4 * nbytes(bias), verify=verify, inputs=(x, bias, grad_y))
 
 
 # ---------------------------------------------------------------- the notebook

@@ -1884,14 +1884,15 @@ PERF_HINTS = {
 _COMPILED: dict = {}
 
 
-def _perf(kind, *, dtype, shape, ours, baseline, baseline_name, bytes_moved, verify, bars=None, graphs=False):
+def _perf(kind, *, dtype, shape, ours, baseline, baseline_name, bytes_moved, verify, inputs, bars=None, graphs=False):
     """Time a case against its baseline and hold it to PERF_BARS[bars or kind] (bars: another kind's bars, for a
-    case whose kernel is another case's on this GPU; graphs: each side timed as a CUDA graph, harness.perf)."""
+    case whose kernel is another case's on this GPU; graphs: each side timed as a CUDA graph, harness.perf;
+    inputs: the tensors given new values before each timed call, those no other input is derived from)."""
     target, student_bar = PERF_BARS[bars or kind, dtype]
     try:
         return LAB.perf(name=f"{kind}, {shape_id(shape)} {dtype_name(dtype)}", ours=ours, baseline=baseline,
                         baseline_name=baseline_name, bytes_moved=bytes_moved, student_bar=student_bar, target=target,
-                        verify=verify, graphs=graphs)
+                        verify=verify, inputs=inputs, graphs=graphs)
     except harness.GradeFailure as failure:
         raise harness.GradeFailure(f"{failure}\n  hint: {PERF_HINTS[bars or kind]}") from None
 
@@ -1923,7 +1924,7 @@ def _rms_forward_perf(kind, baseline, baseline_name):
                        case=f"rms_norm {shape_id(RMS_PERF_SHAPE)}: the output of the timed calls")
 
     _perf(kind, dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=baseline(x, weight), baseline_name=baseline_name,
-          bytes_moved=2 * nbytes(x) + nbytes(weight) + rows_of(x.shape) * 4, verify=verify)
+          bytes_moved=2 * nbytes(x) + nbytes(weight) + rows_of(x.shape) * 4, verify=verify, inputs=(x, weight))
 
 
 @requires_gpu
@@ -1988,7 +1989,7 @@ def test_perf_rms_norm_backward_vs_copy():
 
     _perf("rms_norm backward vs copy", dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=_copy_of(x, 3),
           baseline_name="a device-to-device copy of the same bytes", bytes_moved=3 * nbytes(x) + 2 * nbytes(weight),
-          verify=verify)
+          verify=verify, inputs=(grad_y,))  # not x: rstd was computed from it
 
 
 def _softmax_forward_perf(kind, shape, path="auto", bars=None):
@@ -2003,7 +2004,8 @@ def _softmax_forward_perf(kind, shape, path="auto", bars=None):
                       hint=softmax_hint(shape[-1], FP32, path))
 
     _perf(kind, dtype=FP32, shape=shape, ours=ours, baseline=_copy_of(x, 2),
-          baseline_name="dst.copy_(src), the same bytes moved", bytes_moved=2 * nbytes(x), verify=verify, bars=bars)
+          baseline_name="dst.copy_(src), the same bytes moved", bytes_moved=2 * nbytes(x), verify=verify, bars=bars,
+          inputs=(x,))
 
 
 @requires_gpu
@@ -2045,7 +2047,8 @@ def test_perf_softmax_backward_vs_copy():
                                case=f"softmax_backward {shape_id(SOFTMAX_PERF_SHAPE)}: the output of the timed calls")
 
     _perf("softmax backward vs copy", dtype=FP32, shape=SOFTMAX_PERF_SHAPE, ours=ours, baseline=_copy_of(y, 3),
-          baseline_name="a device-to-device copy of the same bytes", bytes_moved=3 * nbytes(y), verify=verify)
+          baseline_name="a device-to-device copy of the same bytes", bytes_moved=3 * nbytes(y), verify=verify,
+          inputs=(grad_y,))  # not y: a softmax's rows, which a rotation would mix
 
 
 def _softmax_backward_long_rows_perf(kind, path):
@@ -2062,7 +2065,7 @@ def _softmax_backward_long_rows_perf(kind, path):
 
     _perf(kind, dtype=FP32, shape=LONG_SOFTMAX_PERF_SHAPE, ours=ours, baseline=_copy_of(y, 3),
           baseline_name="a device-to-device copy of the same bytes", bytes_moved=3 * nbytes(y), verify=verify,
-          bars=_long_row_bars(kind, path, backward=True))
+          bars=_long_row_bars(kind, path, backward=True), inputs=(grad_y,))
 
 
 @requires_gpu
@@ -2109,7 +2112,7 @@ def test_perf_rms_norm_forward_backward_vs_compiled():
     # timed as calls its figure then moved between processes (0.507-0.709 ms: this case read 1.09x-1.68x).
     _perf("rms_norm forward+backward vs compiled", dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=compiled,
           baseline_name="torch.compile(x * rsqrt(mean(x^2) + eps) * weight), forward and backward",
-          bytes_moved=5 * nbytes(x), verify=verify, graphs=True)
+          bytes_moved=5 * nbytes(x), verify=verify, graphs=True, inputs=(grad_y,))
 
 
 def _triton_forward_perf(kind, baseline, baseline_name):
@@ -2126,7 +2129,7 @@ def _triton_forward_perf(kind, baseline, baseline_name):
 
     _perf(kind, dtype=BF16, shape=RMS_PERF_SHAPE, ours=ours, baseline=baseline(x, weight),
           baseline_name=baseline_name, bytes_moved=2 * nbytes(x) + nbytes(weight) + rows_of(x.shape) * 4,
-          verify=verify)
+          verify=verify, inputs=(x, weight))
 
 
 @requires_gpu

@@ -1572,11 +1572,12 @@ def _verify_slices(o, lse, q, k, v, causal, rung, what):
                       causal=causal, scale=None, rung=rung, case=f"{case}, batch {b}", hint=FORWARD_HINT)
 
 
-def _perf(kind, *, shape, causal, ours, baseline, baseline_name, flops, verify):
+def _perf(kind, *, shape, causal, ours, baseline, baseline_name, flops, verify, inputs):
     target, student_bar = PERF_BARS[kind]
     try:
         return LAB.perf(name=f"{kind}, {perf_id(shape, causal)}", ours=ours, baseline=baseline,
-                        baseline_name=baseline_name, flops=flops, student_bar=student_bar, target=target, verify=verify)
+                        baseline_name=baseline_name, flops=flops, student_bar=student_bar, target=target, verify=verify,
+                        inputs=inputs)
     except harness.GradeFailure as failure:
         raise harness.GradeFailure(f"{failure}\n  hint: {PERF_HINTS[kind]}") from None
 
@@ -1598,7 +1599,7 @@ def _forward_perf(kind, shape, causal, backend):
     _perf(kind, shape=shape, causal=causal, ours=ours, baseline=baseline,
           baseline_name=f"F.scaled_dot_product_attention, {backend or 'default'} backend",
           flops=attention_flops(shape, causal),
-          verify=lambda: _verify_slices(*last["out"], q, k, v, causal, "forward", kind))
+          verify=lambda: _verify_slices(*last["out"], q, k, v, causal, "forward", kind), inputs=(q, k, v))
 
 
 PERF_PARAMS = [pytest.param(shape, causal, id=perf_id(shape, causal)) for shape in PERF_SHAPES
@@ -1655,7 +1656,8 @@ def test_perf_flash_backward_vs_flash_attention(shape, causal):
 
     _perf("flash_backward vs SDPA FLASH_ATTENTION backward", shape=shape, causal=causal, ours=ours, baseline=baseline,
           baseline_name="F.scaled_dot_product_attention's backward, FLASH_ATTENTION backend",
-          flops=attention_flops(shape, causal, backward=True), verify=verify)
+          flops=attention_flops(shape, causal, backward=True), verify=verify,
+          inputs=(grad_o,))  # not q, k, v: o and lse were computed from them
 
 
 @requires_gpu
@@ -1679,7 +1681,7 @@ def test_perf_flash_fp32_vs_sdpa_fp32(shape, causal):
     _perf("flash_forward_fp32 vs SDPA EFFICIENT_ATTENTION float32", shape=shape, causal=causal, ours=ours,
           baseline=baseline, baseline_name="F.scaled_dot_product_attention in float32, EFFICIENT_ATTENTION backend",
           flops=attention_flops(shape, causal),
-          verify=lambda: _verify_slices(*last["out"], q, k, v, causal, "fp32", "flash_forward_fp32"))
+          verify=lambda: _verify_slices(*last["out"], q, k, v, causal, "fp32", "flash_forward_fp32"), inputs=(q, k, v))
 
 
 # ---------------------------------------------------------------- the notebook

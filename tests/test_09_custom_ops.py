@@ -897,7 +897,7 @@ def _block_perf(kind: str, compiled: bool):
     try:
         LAB.perf(name=f"{kind}, {case.batch}x{case.seqlen}x{case.hidden} h{case.heads} kv{case.kv_heads} bf16",
                  ours=ours, baseline=torch_step, baseline_name=f"PyTorch's block, {how} (F.rms_norm, SDPA "
-                 f"{backend}, F.gelu)", student_bar=student_bar, target=target, verify=verify, reps=10)
+                 f"{backend}, F.gelu)", student_bar=student_bar, target=target, verify=verify, inputs=(x,), reps=10)
     except GradeFailure as failure:
         raise GradeFailure(f"{failure}\n  hint: {PERF_HINTS[kind]}") from None
     finally:

@@ -320,7 +320,7 @@ def test_perf(baseline_name):
     LAB.perf(name=f"CUTLASS {c['tile_m']}x{c['tile_n']}x{c['tile_k']} cluster {c['cluster_m']}x{c['cluster_n']} "
                   f"linear+bias+GELU 4096^3 bf16 vs {versus}",
              ours=ours, baseline=lambda: baseline(x, weight, bias), baseline_name=baseline_name, flops=PERF_FLOPS,
-             student_bar=student_bar, target=target, verify=verify)
+             student_bar=student_bar, target=target, verify=verify, inputs=(x, weight, bias))
 
 
 # ---------------------------------------------------------------- the notebook

@@ -272,7 +272,7 @@ def test_profile_mode_profiles_once_and_skips(monkeypatch):
     with pytest.raises(pytest.skip.Exception, match="profiled under Nsight Compute"):
         perf.perf_case(lab="00-first-kernel", name="scale", ours=lambda: calls.append("ours"),
                        baseline=lambda: calls.append("baseline"), baseline_name="torch.mul", student_bar=0.5,
-                       target=0.8, is_reference=True)
+                       target=0.8, is_reference=True, verify=lambda: None)
     assert calls == ["ours", "ours", "baseline", "baseline"]
     assert events == ["start", "marker", "stop", "start", "marker", "stop"]
     assert perf.PROFILED == [{"case": "scale", "side": "ours", "baseline_name": "torch.mul"},

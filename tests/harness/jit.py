@@ -233,21 +233,27 @@ def free_flush_buffers() -> None:
 
 
 def interleaved_median_ms(fns: Sequence[Callable], *, warmup: int = 3, reps: int = 25,
-                          flush_l2: bool = True) -> list[float]:
+                          flush_l2: bool = True, before_rep: Callable | None = None) -> list[float]:
     """Median milliseconds of each callable, timed in turn within each rep (so clock drift hits all).
 
     `warmup` untimed rounds first; then per rep and callable: the L2 flushed (so a small input
     is not served from cache; flush_l2=False keeps it warm), a CUDA event, the call, a CUDA
     event. One synchronize at the end: the CPU queues ahead, so launch gaps do not count.
+    `before_rep`, if given, runs untimed before every round, warm-ups included (the grader gives the inputs new
+    values there, so that no call can return an earlier call's result).
     """
     import torch
 
     for _ in range(warmup):
+        if before_rep:
+            before_rep()
         for fn in fns:
             fn()
     torch.cuda.synchronize()
     events: list[list] = [[] for _ in fns]
     for _ in range(reps):
+        if before_rep:
+            before_rep()
         for fn, timed in zip(fns, events):
             if flush_l2:
                 flush_l2_cache()

@@ -7,14 +7,16 @@ baseline interleaved (so clock drift hits both), the median of many runs.
 from __future__ import annotations
 
 import os
+import random
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import pytest
 import torch
 
-from . import calls, jit
+from . import calls, jit, trees
 from .check import GradeFailure
 
 # Every perf case measured in this process; conftest writes them out for `./course bench`.
@@ -41,16 +43,107 @@ FAR_TOO_SLOW_MS = 5.0
 FAR_TOO_SLOW_REPS = 3
 
 
-def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 25, flush_l2: bool = True):
+def time_pair(ours: Callable, baseline: Callable, warmup: int = 3, reps: int = 25, flush_l2: bool = True,
+              before_rep: Callable | None = None):
     """Median milliseconds of `ours` and of `baseline`, timed alternately (jit.py holds the timer
-    that the notebooks use too); FAR_TOO_SLOW_REPS reps where a first pair says ours is far too slow."""
+    that the notebooks use too); FAR_TOO_SLOW_REPS reps where a first pair says ours is far too slow.
+    `before_rep` runs untimed before each round (rotate_inputs: new input values for every call)."""
     with calls.unchecked():  # the per-call checks copy every input: never inside a timing
-        ours_ms, baseline_ms = jit.interleaved_median_ms((ours, baseline), warmup=1, reps=1, flush_l2=flush_l2)
+        ours_ms, baseline_ms = jit.interleaved_median_ms((ours, baseline), warmup=1, reps=1, flush_l2=flush_l2,
+                                                         before_rep=before_rep)
         if ours_ms > FAR_TOO_SLOW * baseline_ms and ours_ms > FAR_TOO_SLOW_MS:
             reps, warmup = min(reps, FAR_TOO_SLOW_REPS), 0
         ours_ms, baseline_ms = jit.interleaved_median_ms((ours, baseline), warmup=warmup, reps=reps,
-                                                         flush_l2=flush_l2)
+                                                         flush_l2=flush_l2, before_rep=before_rep)
     return ours_ms, baseline_ms
+
+
+# ---------------------------------------------------------------- timings that cannot be gamed
+# Three ways a submission can look fast without being fast, each seen on 2026's public kernel leaderboards:
+# returning an earlier call's result (cache-and-replay), leaving the work on another stream so that the events on
+# the current stream time nothing, and skipping work. The answers: every timed call gets new input values
+# (rotate_inputs) and the output of the last timed call is checked against them (perf_case's verify); a time under
+# the physical floor (the bytes at FLOOR_MARGIN x the measured copy bandwidth, the FLOPs at FLOOR_MARGIN x a
+# measured fp16 matmul) is refused; and after a call, the device must be idle once the current stream is
+# (work_left_behind_ms).
+FLOOR_MARGIN = 1.3  # the measured ceilings are 85-90% of the datasheet's; no kernel beats the datasheet
+LEFTOVER_MS = 0.1  # device work still running this long after the current stream finished: another stream's
+LEFTOVER_TRIES = 3  # the least of three: one late host wake-up must not fail an honest kernel
+
+
+def rotate_inputs(inputs, seed: int) -> Callable | None:
+    """A function that gives each tensor of `inputs` new values in place: its elements rolled by a fresh random
+    offset (the same values, so the same distribution and any invariant of the set of values, at other places).
+    Tensors whose elements share memory (expanded views) and single elements are left as they are. None when no
+    tensor can be rotated."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor) and t.numel() > 1
+               and not (0 in t.stride() and t.dim() > 0)]
+    if not tensors:
+        return None
+    offsets = random.Random(seed)
+
+    def rotate():
+        with torch.no_grad():
+            for tensor in tensors:
+                tensor.copy_(tensor.roll(offsets.randrange(1, tensor.numel())))
+
+    return rotate
+
+
+def matmul_tflops() -> float:
+    """The measured ceiling for matrix-bound kernels: an fp16 matrix product (8192 x 8192 x 4096) through cuBLAS, in
+    TFLOP/s; fp16 is the tensor cores' fastest type that every GPU of the course has (T4 to H200)."""
+    if "matmul" not in _ceilings:
+        a = torch.randn(8192, 4096, device="cuda", dtype=torch.float16)
+        b = torch.randn(4096, 8192, device="cuda", dtype=torch.float16)
+        ms = jit.interleaved_median_ms([lambda: a @ b], warmup=3, reps=10, flush_l2=False)[0]
+        _ceilings["matmul"] = 2 * 8192 * 8192 * 4096 / (ms * 1e-3) / 1e12
+        del a, b
+    return _ceilings["matmul"]
+
+
+def physical_floor_ms(bytes_moved: int, flops: int) -> float:
+    """The least time the work can take on this GPU: its bytes at FLOOR_MARGIN x the copy ceiling, its FLOPs at
+    FLOOR_MARGIN x the matmul ceiling (the larger of the two; 0 when the case counts neither)."""
+    floors = [0.0]
+    if bytes_moved:
+        floors.append(bytes_moved / (FLOOR_MARGIN * copy_bandwidth() * 1e9) * 1e3)
+    if flops:
+        floors.append(flops / (FLOOR_MARGIN * matmul_tflops() * 1e12) * 1e3)
+    return max(floors)
+
+
+def work_left_behind_ms(fn: Callable, tries: int = LEFTOVER_TRIES) -> float:
+    """Milliseconds the device stays busy after fn()'s work on the current stream has finished: the least of
+    `tries` calls. An op that launches its work on the current stream (or on streams the current one waits for)
+    leaves nothing; one that leaves its kernel on another stream leaves that kernel's time."""
+    leftovers = []
+    with calls.unchecked():
+        for _ in range(tries):
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.current_stream().synchronize()
+            current_done = time.perf_counter()
+            torch.cuda.synchronize()
+            leftovers.append((time.perf_counter() - current_done) * 1e3)
+    return min(leftovers)
+
+
+def check_integrity(case: "PerfCase", ours: Callable, floor_ms: float) -> None:
+    """Refuse a timing no honest kernel gives: under the physical floor, or with work left on another stream."""
+    if case.ours_ms < floor_ms:
+        raise GradeFailure(
+            f"{case.summary()}\n  impossibly fast: {case.ours_ms:.4f} ms is under this work's physical floor of "
+            f"{floor_ms:.4f} ms on this GPU (its bytes and FLOPs at {FLOOR_MARGIN}x the measured copy and matmul "
+            "ceilings). The timed calls must do their work, all of it, on the current stream, every call: no result "
+            "kept from an earlier call, no kernel left running on another stream")
+    left = work_left_behind_ms(ours)
+    if left > LEFTOVER_MS and left > 0.2 * case.ours_ms:
+        raise GradeFailure(
+            f"{case.summary()}\n  after the op returned and the current stream finished, the GPU was still busy for "
+            f"{left:.3f} ms: work left on another stream, which the timing on the current stream does not see (and "
+            "which the caller's next kernel would race with). Launch on course::current_stream(), or make the "
+            "current stream wait for your stream's event before returning")
 
 
 # After GPU memory goes back to the driver (torch.cuda.empty_cache: the grader's past-2^31 cases do it, and so does
@@ -198,15 +291,22 @@ def perf_case(
     is_reference: bool,
     bytes_moved: int = 0,
     flops: int = 0,
-    verify: Callable[[], None] | None = None,
+    verify: Callable[[], None],
+    inputs=(),
+    refresh: Callable[[], None] | None = None,
     reps: int = 25,
     graphs: bool = False,
 ) -> PerfCase:
     """Time ours against the baseline and hold it to the bar.
 
     The bar is the reference target when grading the solutions and the student
-    bar otherwise. `verify` runs after timing on what the timed calls produced,
-    so a kernel that is fast because it skips work fails here too.
+    bar otherwise. `inputs` are the tensors ours and the baseline read: before every timed call they get new
+    values in place (rotate_inputs), so no call can return an earlier call's result; `refresh`, if given, does that
+    instead (an op whose result a rotation leaves unchanged, a sum over every element, draws new values). `verify`
+    runs after timing on
+    what the last timed call produced, against the inputs as they are then, so a kernel that is fast because it
+    skips work or replays a result fails here too; so does a time under the physical floor, or work left on
+    another stream (check_integrity).
     Under `./course profile` (PROFILE_ENV set) the case is profiled instead, and its test skips.
     graphs=True times each side as a CUDA graph of one call (as_graph), for a side whose CPU time a call can exceed
     its GPU time: the timer's events then measure the CPU (lab 07's torch.compile'd forward + backward,
@@ -220,17 +320,20 @@ def perf_case(
         ours, baseline = (replay or fn for replay, fn in zip(replays, (ours, baseline)))
         baseline_name += (f"; {' and '.join(uncaptured)} not capturable in a CUDA graph, timed as calls" if uncaptured
                           else "; each side replayed as a CUDA graph")
+    floor_ms = physical_floor_ms(bytes_moved, flops)  # before settling: its matmul is heavy work of its own
     settled_s, settled_gbps = settle_gpu()
-    ours_ms, baseline_ms = time_pair(ours, baseline, reps=reps)
+    rotate = refresh or rotate_inputs(inputs, seed=trees.seed() ^ zlib.crc32(name.encode()))
+    ours_ms, baseline_ms = time_pair(ours, baseline, reps=reps, before_rep=rotate)
     case = PerfCase(lab, name, baseline_name, ours_ms, baseline_ms, student_bar, target, bytes_moved, flops)
     if bytes_moved:
         case.pct_of_copy = 100.0 * case.ours_gbps / copy_bandwidth()
     record = asdict(case)
     record["gpu"] = torch.cuda.get_device_name()
     record["settle"] = {"waited_s": round(settled_s, 3), "copy_gbps": round(settled_gbps, 1)}
+    record["floor_ms"], record["inputs_rotated"] = round(floor_ms, 5), rotate is not None
     RESULTS.append(record)
-    if verify is not None:
-        verify()
+    verify()  # the last timed call's output, against the inputs it was given
+    check_integrity(case, ours, floor_ms)
     bar = target if is_reference else student_bar
     who = "reference target" if is_reference else "student bar"
     print(case.summary())
