@@ -841,6 +841,12 @@ PERF_BARS = {
     ("forward+backward vs compiled", FP32): (1.05, 0.85), ("forward+backward vs compiled", BF16): (1.05, 0.85),
     ("vectorized vs scalar", BF16): (1.3, 1.15),
 }
+# Per GPU, where the reference measured under the common target there. The bfloat16 forward against copy on an
+# NVIDIA H200: 0.82x in this grader (2026-12-02, `pytest tests/test_06_fused_elementwise.py -m perf`, 76% of copy),
+# 0.75-0.82x with triton.testing.do_bench; on an H100 0.99x. The H200 copies 1.4x as fast with the same SMs and clock,
+# so the GELU's arithmetic no longer hides under the memory time (a faster kernel there is an open problem: the
+# probe's one-row-a-thread kernel measured 0.885x on an H200, 2026-11-26). The lesson's bar table says so.
+TARGETS_BY_GPU = {("forward vs copy", BF16): {"H200": 0.75}}
 PERF_HINTS = {
     "forward vs copy": "read x once and write y once with 16-byte vectors (one Pack<T, kElems> per access), "
                        "the bias pack loaded once per vector, and no 64-bit division per element",
@@ -878,6 +884,7 @@ def compiled_unfused(*example):
 
 def _perf(kind, *, dtype, ours, baseline, baseline_name, bytes_moved, verify, inputs):
     target, student_bar = PERF_BARS[kind, dtype]
+    target = harness.perf.target_on_this_gpu(target, TARGETS_BY_GPU.get((kind, dtype), {}))
     try:
         return LAB.perf(name=f"{kind}, {shape_id(PERF_SHAPE)} {dtype_name(dtype)}", ours=ours, baseline=baseline,
                         baseline_name=baseline_name, bytes_moved=bytes_moved, student_bar=student_bar, target=target,

@@ -246,6 +246,14 @@ def copy_bandwidth() -> float:
     return _ceilings["copy"]
 
 
+def target_on_this_gpu(target: float, by_gpu: dict[str, float]) -> float:
+    """A reference target, or the one `by_gpu` sets for this GPU (a key found in its name, e.g. "H200"): for a case
+    whose reference was measured under the common target on that GPU, the figure measured there, with the reason
+    beside the grader's table."""
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return next((value for key, value in by_gpu.items() if key in name), target)
+
+
 @dataclass
 class PerfCase:
     lab: str
