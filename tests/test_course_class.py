@@ -259,6 +259,30 @@ def test_the_per_test_deadline_kills_a_hang_early_and_spares_builds(tmp_path):
     assert "a slow build" in result["error"], result["error"]
 
 
+def test_a_build_the_machine_failed_is_graded_again_alone_then_not_graded(monkeypatch):
+    """A run whose build the machine failed (the child's timing file names the cause: out of memory, a compiler
+    killed) is graded again, whole and alone, after every other run; a second such failure leaves the lab
+    NOT GRADED, which names the cause and blames no code (report.lab_failure); a success replaces the result."""
+    labels, oom = [], "c++: fatal error: Killed signal terminated program cc1plus"
+
+    def run_pytest(python, files, *, label, **_):
+        labels.append(label)
+        failing = label.startswith("bob") or label == "alice-00-first-kernel"
+        return {"tests": [], "seconds": 1.0, "phases": {"build": 1.0},
+                **({"build_infrastructure": oom, "build_failed": True} if failing else {})}
+
+    monkeypatch.setattr(runner, "run_pytest", run_pytest)
+    lab = trees.find_lab("00")
+    jobs = [runner.Job(student, lab.name, lab.number, lab.test_file, f"/tmp/{student}", 1)
+            for student in ("alice", "bob")]
+    results = runner.run_class("python", jobs, workers=2, deadline_s=60, alone=False, say=lambda line: None)
+    assert labels[-2:] == ["alice-00-first-kernel-retry", "bob-00-first-kernel-retry"], labels
+    alice, bob = (results[job] for job in jobs)
+    assert not alice.get("not_checked") and report.lab_failure(alice) is None, alice
+    assert "Killed signal" in bob["not_checked"]
+    assert report.lab_failure(bob).startswith("NOT GRADED, not your code's fault"), report.lab_failure(bob)
+
+
 def test_merge_refuses_overlapping_or_incomplete_shards(graded, tmp_path):
     root = graded["root"]
     twice = course("report", "merge", str(root / "shard-1.json"), str(root / "shard-1.json"), "-o",

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -363,3 +364,39 @@ def test_a_time_under_the_physical_floor_or_with_work_left_behind_fails(monkeypa
     with pytest.raises(perf.GradeFailure, match="still busy"):
         perf.check_integrity(case(0.6), lambda: None, floor)
 
+
+
+
+def test_a_build_the_machine_failed_is_compiled_once_more_then_called_the_graders(monkeypatch):
+    """harness.build: a build that failed for the machine's reason (a compiler killed, out of memory) is compiled
+    once more with MAX_JOBS=1; a second such failure raises BuildInfrastructureError (not the student's), a compile
+    error is never retried."""
+    from harness import build
+
+    lab, tree = trees.find_lab("00"), trees.resolve_tree("solutions")
+    attempts = []
+
+    def compile_failing(*failures):
+        def fake(*args):
+            attempts.append(os.environ.get("MAX_JOBS"))
+            failure = failures[min(len(attempts), len(failures)) - 1]
+            if failure:
+                raise RuntimeError(f"Error building extension 'x':\n{failure}")
+            return "module"
+        return fake
+
+    oom = "nvcc error   : 'cicc' died due to signal 9 (Kill signal)"
+    monkeypatch.setenv("MAX_JOBS", "8")
+    monkeypatch.setattr(build, "_compile_and_import", compile_failing(oom, None))
+    assert build._compile_once_more_if_the_machine_failed(lab, tree, False, None) == "module"
+    assert attempts == ["8", "1"] and os.environ["MAX_JOBS"] == "8"
+    attempts.clear()
+    monkeypatch.setattr(build, "_compile_and_import", compile_failing(oom, oom))
+    with pytest.raises(build.BuildInfrastructureError, match="not your code"):
+        build._compile_once_more_if_the_machine_failed(lab, tree, False, None)
+    attempts.clear()
+    error = "scale.cu(12): error: identifier \"y\" is undefined"
+    monkeypatch.setattr(build, "_compile_and_import", compile_failing(error))
+    with pytest.raises(RuntimeError, match="is undefined"):
+        build._compile_once_more_if_the_machine_failed(lab, tree, False, None)
+    assert attempts == ["8"], "a compile error must not be retried"

@@ -7,6 +7,7 @@ editing one kernel `.cu` recompiles that object and relinks; the host wrapper
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +20,25 @@ _built: dict[tuple[str, str], object] = {}
 _failed: dict[tuple[str, str], Exception] = {}
 # One line per compile attempt, in the build folder: how often a grading run invoked the compiler.
 ATTEMPTS_LOG = "build-attempts.log"
+# A build that failed for a reason outside the code it compiles: the machine ran out of memory or disk, a compiler
+# was killed, a file was held by another process. Compiled once more with one job at a time; a second such failure is
+# the grader's (BuildInfrastructureError), never the student's.
+_INFRASTRUCTURE = re.compile(r"Killed signal terminated program|signal 9|No space left on device|"
+                             r"Cannot allocate memory|virtual memory exhausted|std::bad_alloc|out of memory|"
+                             r"Resource temporarily unavailable|Text file busy|Bus error|cannot create temporary file",
+                             re.IGNORECASE)
+
+
+class BuildInfrastructureError(RuntimeError):
+    """The build could not run (INFRASTRUCTURE's causes, twice): nothing is known about the code it compiles."""
+
+
+def infrastructure_failure(error: BaseException) -> str | None:
+    """The line of a build error that says the build itself could not run, or None (a compile error: the code's)."""
+    for line in str(error).splitlines():
+        if _INFRASTRUCTURE.search(line):
+            return line.strip()[:300]
+    return None
 # The flags, the arch rule and the load() call itself live in jit.py, which the notebooks use too.
 
 
@@ -54,14 +74,42 @@ def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cf
             raise _failed[key]
     timing.build_started()
     try:
-        module = _compile_and_import(lab, tree, verbose, extra_cuda_cflags)
+        module = _compile_once_more_if_the_machine_failed(lab, tree, verbose, extra_cuda_cflags)
     except Exception as error:
         _failed[key] = error
-        timing.build_ended(failed=True)
+        timing.build_ended(failed=True, infrastructure=infrastructure_failure(error))
         raise
     timing.build_ended(failed=False)
     _built[key] = module
     return module
+
+
+def _compile_once_more_if_the_machine_failed(lab, tree, verbose: bool, extra_cuda_cflags):
+    """_compile_and_import; where it failed for the machine's reason (infrastructure_failure), once more with one
+    compile job (less memory), and a second such failure raised as BuildInfrastructureError."""
+    try:
+        return _compile_and_import(lab, tree, verbose, extra_cuda_cflags)
+    except Exception as error:
+        first = infrastructure_failure(error)
+        if not first:
+            raise
+        print(f"[course] {lab.name}: the build could not run ({first}); once more, one compile job at a time",
+              flush=True)
+        saved = os.environ.get("MAX_JOBS")
+        os.environ["MAX_JOBS"] = "1"
+        try:
+            return _compile_and_import(lab, tree, verbose, extra_cuda_cflags)
+        except Exception as again:
+            if infrastructure_failure(again):
+                raise BuildInfrastructureError(
+                    f"not checked: the grader's build of {lab.name} could not run, twice (not your code): "
+                    f"{infrastructure_failure(again)}") from again
+            raise
+        finally:
+            if saved is None:
+                os.environ.pop("MAX_JOBS", None)
+            else:
+                os.environ["MAX_JOBS"] = saved
 
 
 def _compile_and_import(lab: trees.Lab, tree: trees.Tree, verbose: bool, extra_cuda_cflags: list[str] | None):

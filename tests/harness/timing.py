@@ -17,6 +17,7 @@ STATE: dict = {
     "build_s": 0.0,  # seconds in harness.build's compiles and imports that ended
     "build_since": None,  # a build under way since then
     "build_failed": False,  # a build of this process raised: the lab did not compile or import
+    "build_infrastructure": None,  # ...because the machine failed it (out of memory or disk, a killed compiler)
     "alone_s": 0.0,  # seconds in the perf and large cases that ended, their builds not counted
     "alone_since": None,  # a perf or large case under way since then...
     "alone_build_s": 0.0,  # ...when build_s was this (a build inside it is build time, not the case's)
@@ -66,11 +67,14 @@ def build_started() -> None:
     _write()
 
 
-def build_ended(failed: bool) -> None:
+def build_ended(failed: bool, infrastructure: str | None = None) -> None:
+    """A build ended; `infrastructure`: why it could not run at all (harness.build.infrastructure_failure)."""
     if STATE["build_since"] is not None:
         STATE["build_s"] += time.time() - STATE["build_since"]
     STATE["build_since"] = None
     STATE["build_failed"] = STATE["build_failed"] or failed
+    if infrastructure:
+        STATE["build_infrastructure"] = infrastructure
     _write()
 
 

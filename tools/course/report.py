@@ -206,6 +206,9 @@ def lab_failure(result: dict) -> str | None:
     found problems), or the lab did not build."""
     if result.get("error"):
         return result["error"]
+    if result.get("not_checked") or result.get("build_infrastructure"):
+        why = result.get("not_checked") or f"the grader's build could not run: {result['build_infrastructure']}"
+        return f"NOT GRADED, not your code's fault: {why}. Your instructor will grade this lab again."
     for test in result.get("tests", []):
         if test["name"] == BUILD_TEST and test["outcome"] == "failed":
             return test.get("message") or "the lab did not build"

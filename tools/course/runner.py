@@ -127,6 +127,8 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         timing = json.loads(timing_path.read_text())
     result["phases"] = process_phases(seconds, launched_at, ended_at, timing)
     result["build_failed"] = bool(timing.get("build_failed"))
+    if timing.get("build_infrastructure"):  # the machine failed the build (harness.build): nothing was graded
+        result["build_infrastructure"] = timing["build_infrastructure"]
     if hung and slow_build:
         result["error"] = (f"killed after one build ran for {building_for:.0f} s, past the build limit of "
                            f"{build_deadline_s} s: a slow build, not a hanging kernel (on a busy machine, grade "
@@ -482,24 +484,40 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
         queued[job] = time.perf_counter() - class_started
         progress.started(job)
         result = run(job, job.label, SHARED_MARKERS, builds)
-        plan = None if result.get("error") else "whole" if broke_context(result) else "perf"
-        if plan and after:
+        plan = (None if result.get("error") else "retry" if result.get("build_infrastructure")
+                else "whole" if broke_context(result) else "perf")
+        if plan in ("perf", "whole") and after:
             after(job, result)
         first_done[job] = time.perf_counter()
         note = ""
         # A lab that did not build runs no kernel: its perf and large cases (they fail on the same build error)
         # can spoil no timing, so they run now, in the pool, not in the one-at-a-time queue behind the others.
-        if plan and (not alone or (plan == "perf" and result.get("build_failed"))):
+        if plan in ("perf", "whole") and (not alone or (plan == "perf" and result.get("build_failed"))):
             result, plan = second(job, result, plan == "whole", builds), None
         elif plan == "whole":
             note = " (its kernel broke the CUDA context: it is graded again whole, with the GPU to itself)"
+        elif plan == "retry":
+            note = " (the machine failed its build: it is graded again whole, alone, once the class is done)"
         if plan is None and "total" not in result["phases"]:  # no second run: it died or hung
             result["phases"] = job_phases(result, queued=queued[job], perf_wait=0.0)
         progress.ended(job, result, note)
         return job, result, plan
 
+    def retry_alone(job: Job, first: dict) -> dict:
+        """A job whose build the machine failed, graded again whole with nothing beside it; where the build still
+        cannot run, the result says the lab was not checked (report.lab_failure), never that the code failed."""
+        result = run(job, f"{job.label}-retry", None, {})
+        result["label"] = job.label
+        result["phases"] = job_phases({**result, "phases": add_phases(first.get("phases"), result.get("phases"))},
+                                      queued=queued[job], perf_wait=0.0)
+        if result.get("build_infrastructure"):
+            result["not_checked"] = (f"the grader's build could not run, beside the class and again alone: "
+                                     f"{result['build_infrastructure']}")
+        return result
+
     results: dict[Job, dict] = {}
     later: list[tuple[Job, dict, str]] = []
+    retries: list[Job] = []
     class_started = time.perf_counter()
     queued: dict[Job, float] = {}
     first_done: dict[Job, float] = {}
@@ -541,7 +559,9 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
             for future in finished:
                 job, result, plan = future.result()
                 results[job] = result
-                if plan and perf_pool:
+                if plan == "retry":
+                    retries.append(job)
+                elif plan and perf_pool:
                     perf_progress.planned()
                     pending.add(perf_pool.submit(alone_run, job, result, plan, exclusive))
                 elif plan:
@@ -554,6 +574,10 @@ def run_class(python: str, jobs: list[Job], *, workers: int, deadline_s: int, al
             for job, first, plan in later:
                 perf_progress.planned()
                 _, results[job], _ = alone_run(job, first, plan, {})
+        for job in sorted(retries, key=jobs.index):  # after every other run: the machine to itself
+            say(f"[course] {job.student} {job.lab}: graded again, alone (its build could not run beside the others: "
+                f"{results[job]['build_infrastructure']})")
+            results[job] = retry_alone(job, results[job])
     except BaseException:
         stopping.set()
         for executor in (pool, perf_pool):

@@ -43,10 +43,13 @@ def normalise(message: str, impl: str = "") -> str:
 
 
 def error_kind(result: dict) -> str | None:
-    """Why the grading process of a lab gave no full result: "sanitizer", "hung", "crashed", or None."""
+    """Why the grading process of a lab gave no full result: "not graded" (the grader's own build could not run),
+    "sanitizer", "hung", "crashed", or None."""
+    if result.get("not_checked") or result.get("build_infrastructure"):
+        return "not graded"
     if not result.get("error"):
         return None
-    if any(not sanitizer.is_clean(row) for row in result.get("sanitizer", [])):
+    if any(sanitizer.fails_the_lab(row) for row in result.get("sanitizer", [])):
         return "sanitizer"
     # The runner records a hang only in its message; a `hung` field, when it has one, says it outright.
     return "hung" if result.get("hung") or result["error"].startswith(HUNG_PREFIX) else "crashed"
@@ -132,7 +135,8 @@ def print_table(summary: dict) -> None:
             top = task["failures"][0] if task["failures"] else None
             print(f"  {name:<10} {str(task['passed']) + '/' + str(task['graded']):>7} {task['points']:>6g}  "
                   + (f"[{top['students']}] {_clip(top['line'], 90)}" if top else ""))
-    print(f"\n{'student':<20} {'points':>13} {'passed':>7} {'failed':>7} {'skipped':>7}  crashed / hung / sanitizer")
+    print(f"\n{'student':<20} {'points':>13} {'passed':>7} {'failed':>7} {'skipped':>7}  "
+          "crashed / hung / sanitizer / not graded")
     for name, totals in summary["students"].items():
         points = f"{totals['points']:g} / {totals['max_points']:g}"
         print(f"{name:<20} {points:>13} {totals['passed']:>7} "
@@ -192,7 +196,8 @@ def write_markdown(summary: dict, path: Path) -> list[Path]:
             lines.append(f"| {_cell(title)} | {task['passed']}/{task['graded']} | {task['todo_open']} "
                          f"| {task['points']:g} | {failures} |")
         lines.append("")
-    lines += ["## Students", "", "| student | points | tests passed | failed | skipped | crashed / hung / sanitizer |",
+    lines += ["## Students", "",
+              "| student | points | tests passed | failed | skipped | crashed / hung / sanitizer / not graded |",
               "|---|---:|---:|---:|---:|---|"]
     for name, totals in summary["students"].items():
         lines.append(f"| {_cell(name)} | {totals['points']:g} / {totals['max_points']:g} | {totals['passed']} "
