@@ -103,6 +103,7 @@ def start_early() -> None:
     test_09_custom_ops.py calls this when the session has selected these tests."""
     tree, why_not = _aot_tree()
     if not why_not:
+        _course_env()
         probe_once.start("cmake", tree)
         probe_once.start("wheel", tree)
 
@@ -194,7 +195,9 @@ def cmake_library(tree: trees.Tree) -> CMakeBuild:
 
 # ---------------------------------------------------------------- the wheel
 def _course_env():
-    """tools/course/env.py, loaded by path (tools/ is not a package): the course's cache folder."""
+    """tools/course/env.py, loaded by path (tools/ is not a package): the course's cache folder. start_early loads
+    it first, in the main thread: a module is in sys.modules before its body has run, and a build thread must not
+    find it half made."""
     module = sys.modules.get("course_env")
     if module is None:
         spec = importlib.util.spec_from_file_location("course_env", trees.ROOT / "tools" / "course" / "env.py")

@@ -33,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -65,14 +66,20 @@ __all__ = ["test_stable_wheel_builds", "test_stable_library_dependencies", "test
            "test_stable_input_checks_on_gpu"]
 
 
+_LOADING = threading.Lock()
+
+
 def _stable_tools():
-    module = sys.modules.get("course_stable_tools")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("course_stable_tools", TOOLS_FILE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["course_stable_tools"] = module
-        spec.loader.exec_module(module)
-    return module
+    """stable_tools.py, loaded by path once. The lock: a test and the build started early both ask, and a module is
+    in sys.modules before its body has run (so a second thread could find it half made)."""
+    with _LOADING:
+        module = sys.modules.get("course_stable_tools")
+        if module is None:
+            spec = importlib.util.spec_from_file_location("course_stable_tools", TOOLS_FILE)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["course_stable_tools"] = module
+            spec.loader.exec_module(module)
+        return module
 
 
 @background.once
@@ -91,6 +98,7 @@ def stable_wheel(tree: trees.Tree) -> Path:
 def start_early() -> None:
     """Start the wheel's build now, in a thread (background.once): test_09_custom_ops.py calls this when the
     session has selected these tests, so the build runs while the others do."""
+    _stable_tools()  # loaded here, with the modules it loads, before a second thread needs them
     stable_wheel.start(trees.resolve_tree())
 
 

@@ -51,6 +51,7 @@ def load_folders():
 
 
 ROOT = load_trees().ROOT
+load_folders()  # now, on import: lab 09's build threads use it, and must not find it half loaded
 REQUIREMENTS = ROOT / "requirements"
 # What must import for a group to count as present in the running python.
 GROUP_MODULES = {

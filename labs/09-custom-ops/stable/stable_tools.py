@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/stable/stable_tools.py by `./course labs` [lab-hash 7c0619b83515].
+# Lab skeleton generated from solutions/09-custom-ops/stable/stable_tools.py by `./course labs` [lab-hash 2b1863384a0d].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """The stable-ABI wheel's build, and a second torch to load it in.
@@ -63,6 +63,9 @@ def _course_env():
         sys.modules["course_env"] = module
         spec.loader.exec_module(module)
     return module
+
+
+_course_env()  # now, on import, with the modules it loads: the grader's threads then find them whole
 
 
 def _key(text: str) -> str:

@@ -62,6 +62,9 @@ def _course_env():
     return module
 
 
+_course_env()  # now, on import, with the modules it loads: the grader's threads then find them whole
+
+
 def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
