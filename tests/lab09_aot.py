@@ -159,7 +159,7 @@ def _python_path() -> str:
 def _cmake_options(tree: trees.Tree) -> dict[str, str]:
     """The configure options of the tree's lab 09 build: this tree's lab 09 alone, named by its tag."""
     return {"COURSE_PYTHON": _python_path(), "COURSE_CUDA_ARCH": _arch_list(),
-            "COURSE_TREES": f"{tree.tag}={tree.path}", "COURSE_LABS": LAB.name}
+            "COURSE_TREES": f"{tree.tag}={tree.path}", "COURSE_LABS": LAB.name, "COURSE_OP_LIBRARIES": "ON"}
 
 
 def _cmake_compiled_sources(build: Path, target: str) -> frozenset:
