@@ -5,13 +5,18 @@ Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the
 the builds are made by cached functions, once per process, started early when the session selects these tests
 (start_early, harness/background.py: they run beside the lab's other tests).
 
-  - CMake: `cmake --build build/cmake --target course_<tree>_ops` (the CI's build folder, configured first if it is
-    missing: CI has built every target before the suite runs, so this finds it up to date) gives
-    build/cmake/<tree>/libcourse_ops.so. It compiles exactly the sources the JIT build compiles (lab 09's, and
+Both builds are of the graded tree (its ops.cpp, ops.py, block.py, package/ and the lessons its depends.txt names),
+each in a folder of the tree's own (trees.Lab.build_dir: build/aot-cmake/<tree tag>/09-custom-ops and
+build/aot-wheel/<tree tag>/09-custom-ops), so runs of different trees never share one; runs of the same tree build
+one at a time under the folder's lock, and what they hand over is published whole by a rename (harness/folders.py).
+
+  - CMake: the repository's CMakeLists.txt configured for this tree's lab 09 alone (COURSE_TREES=<tag>=<path>,
+    COURSE_LABS=09-custom-ops) in <folder>/cmake, then `cmake --build --target course_<tag>_ops`; the library is
+    published as <folder>/libcourse_ops.so. It compiles exactly the sources the JIT build compiles (lab 09's, and
     depends.txt's labs' without their module.cpp), and links no libpython and no libtorch_python (readelf -d);
-  - the wheel: `pip wheel --no-build-isolation --no-deps` of <tree>/09-custom-ops/package into
-    build/wheel/<tree>/dist, rebuilt only when a hash of its sources changes; it holds the lab's own ops.py and
-    block.py, byte for byte, and an abi3 library without libpython or libtorch_python;
+  - the wheel: `pip wheel --no-build-isolation --no-deps` of <tree>/09-custom-ops/package into <folder>/dist-<key>,
+    the key a hash of its sources (made once per key); it holds the lab's own ops.py and block.py, byte for byte,
+    and an abi3 library without libpython or libtorch_python;
   - each in a subprocess of its own (both define the namespace `course`, which a process can load once):
     torch.ops.load_library + ops.register("course") for the CMake library, `import course_ops` for the wheel
     installed with pip --target. Both give tests/lab09_schemas.py's nine schemas, a CUDA kernel for each op, the
@@ -19,17 +24,18 @@ the builds are made by cached functions, once per process, started early when th
     refusal of CPU tensors;
   - on a GPU: both give bitwise the outputs of the grader's JIT build of the same tree on the same inputs.
 
-The tree is the one graded (./course grade --impl labs|solutions); a submission folder is graded on its JIT build
-alone, and these tests skip there. Cold builds on a 2-core machine busy with other compiles: the CMake target 2.7 min
-(labs) to 6.8 min (solutions), the wheel 2.6 to 5.0 min; warm, the tests take about 25 s. CI builds both before
-the suite (.ci/run), so lab 09's grading stays inside its deadline.
+Which trees: solutions always; labs and submissions when CI or COURSE_AOT is set (two more builds of lessons
+06-08's kernels: minutes each). Cold builds on a 2-core machine busy with other compiles: the CMake target 2.7 min
+(labs) to 6.8 min (solutions), the wheel 2.6 to 5.0 min; warm, the tests take about 25 s. CI builds both for the
+solutions before the suite (.ci/run), so lab 09's grading stays inside its deadline.
 
-    python tests/lab09_aot.py wheel [labs|solutions]     # build (or reuse) the wheel, print its path and the time
-    python tests/lab09_aot.py cmake [labs|solutions]     # build (or reuse) the CMake library
+    python tests/lab09_aot.py wheel [labs|solutions|PATH]   # build (or reuse) the wheel, print its path
+    python tests/lab09_aot.py cmake [labs|solutions|PATH]   # build (or reuse) the CMake library
 """
 from __future__ import annotations
 
-import hashlib
+import atexit
+import functools
 import importlib.util
 import json
 import os
@@ -37,8 +43,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import lab09_schemas
@@ -46,18 +54,19 @@ import pytest
 import torch
 
 import harness
-from harness import background, jit, requires_gpu, trees
+from harness import background, folders, jit, requires_gpu, trees
 from harness import build as lab_build
 
 LAB = trees.find_lab("09")
 NAMESPACE = "course"  # ops.cpp's COURSE_OPS_NAMESPACE in both ahead-of-time builds
-CMAKE_DIR = trees.BUILD / "cmake"
-WHEEL_DIR = trees.BUILD / "wheel"
 # What an op library must not need: it is loaded into a python that has these already, or into C++.
 PYTHON_LIBRARIES = re.compile(r"^lib(python\d|torch_python)")
 CPU_REFUSAL = f"Could not run '{NAMESPACE}::bias_gelu' with arguments from the 'CPU' backend"
 WHEEL_EXPORTS = ("BlockConfig", "CourseOps", "DecoderBlock", "TorchOps", "torch_ops", "NAMESPACE")
 PROBE_PREFIX = "LAB09_PROBE "
+# The files of a tree's 09-custom-ops/package that the wheel is made from: given code (no TODO).
+PACKAGE_FILES = ("setup.py", "pyproject.toml", "pyinit_stub.cpp", "course_ops/__init__.py")
+LIBRARY_NAME = "libcourse_ops.so"
 
 __all__ = ["test_aot_cmake_compiles_the_jit_sources", "test_aot_cmake_library_links_no_python",
            "test_aot_cmake_library_registers_the_ops", "test_aot_wheel_holds_the_lab_files",
@@ -65,17 +74,14 @@ __all__ = ["test_aot_cmake_compiles_the_jit_sources", "test_aot_cmake_library_li
            "test_aot_cmake_matches_jit_on_gpu", "test_aot_wheel_matches_jit_on_gpu"]
 
 
-# Set to run the ahead-of-time builds when grading labs/ (CI runs them always).
+# Set to run the ahead-of-time builds when grading labs/ or a submission (CI runs them always).
 AOT_ENV = "COURSE_AOT"
 
 
 def _aot_tree() -> tuple[trees.Tree, str]:
     """The tree under grading, and why its ahead-of-time builds are not checked ("" when they are)."""
     tree = trees.resolve_tree()
-    if tree.tag not in ("labs", "solutions"):
-        return tree, (f"the ahead-of-time builds are checked on the course's trees (labs, solutions); {tree.path} is "
-                      "graded on its JIT build")
-    if tree.tag == "labs" and not (os.environ.get("CI") or os.environ.get(AOT_ENV)):
+    if not tree.is_reference and not (os.environ.get("CI") or os.environ.get(AOT_ENV)):
         # Two more builds of lessons 06-08's kernels (CMake, the wheel): minutes each on a small machine, on
         # top of the JIT build. The edit-grade loop stays on the JIT build; these run when asked.
         return tree, (f"the ahead-of-time builds of your lab (CMake library, wheel) take minutes: run them with "
@@ -84,7 +90,7 @@ def _aot_tree() -> tuple[trees.Tree, str]:
 
 
 def graded_tree() -> trees.Tree:
-    """The tree under grading, when it is one of the course's own: CMake knows labs/ and solutions/ only."""
+    """The tree under grading, when its ahead-of-time builds are checked in this run."""
     tree, why_not = _aot_tree()
     if why_not:
         pytest.skip(why_not)
@@ -97,8 +103,9 @@ def start_early() -> None:
     test_09_custom_ops.py calls this when the session has selected these tests."""
     tree, why_not = _aot_tree()
     if not why_not:
-        probe_once.start("cmake", tree.tag)
-        probe_once.start("wheel", tree.tag)
+        _course_env()
+        probe_once.start("cmake", tree)
+        probe_once.start("wheel", tree)
 
 
 def _tail(path: Path, lines: int = 60) -> str:
@@ -114,9 +121,24 @@ def _arch_list() -> str:
     return ";".join(jit.ensure_arch_list().replace(",", " ").replace(";", " ").split())
 
 
+def _run_logged(command: list[str], log: Path, what: str, **options) -> float:
+    """Run `command` with its output in `log`; its seconds, or a failure quoting the log's end."""
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, **options)
+    assert done.returncode == 0, f"{what} failed ({log}):\n{_tail(log)}"
+    return time.perf_counter() - started
+
+
 # ---------------------------------------------------------------- the CMake library
-def _cmake_cache() -> dict[str, str]:
-    cache = CMAKE_DIR / "CMakeCache.txt"
+@dataclass(frozen=True)
+class CMakeBuild:
+    library: Path  # the published libcourse_ops.so
+    compiled: frozenset  # the source files compile_commands.json compiles into the target
+
+
+def _cmake_cache(build: Path) -> dict[str, str]:
+    cache = build / "CMakeCache.txt"
     if not cache.is_file():
         return {}
     entries = {}
@@ -127,50 +149,55 @@ def _cmake_cache() -> dict[str, str]:
     return entries
 
 
-@background.once
-def cmake_library(tag: str) -> Path:
-    """build/cmake/<tag>/libcourse_ops.so, built by its target alone. The CI's build folder is reused as it is;
-    it is configured when missing, or when it lacks the tree or compiles for another GPU than this one."""
-    target = f"course_{tag}_ops"
-    cache, arch = _cmake_cache(), _arch_list()
-    options = []
-    if not cache:
-        options = [f"-DCOURSE_PYTHON={sys.executable}", f"-DCOURSE_CUDA_ARCH={arch}"]
-    else:
-        configured = [t for t in cache.get("COURSE_TREES", "").split(";") if t]
-        if tag not in configured:
-            options.append(f"-DCOURSE_TREES={';'.join(configured + [tag])}")
-        if cache.get("COURSE_CUDA_ARCH") != arch:
-            options.append(f"-DCOURSE_CUDA_ARCH={arch}")
-    CMAKE_DIR.mkdir(parents=True, exist_ok=True)
-    if options:
-        log = trees.BUILD / "lab09-cmake-configure.log"
-        with open(log, "w") as out:
-            done = subprocess.run(["cmake", "-S", str(trees.ROOT), "-B", str(CMAKE_DIR), *options], stdout=out,
-                                  stderr=subprocess.STDOUT)
-        assert done.returncode == 0, f"cmake's configure step failed ({log}):\n{_tail(log)}"
-    log = trees.BUILD / f"lab09-cmake-{tag}.log"
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        done = subprocess.run(["cmake", "--build", str(CMAKE_DIR), "--target", target, "-j", _jobs()], stdout=out,
-                              stderr=subprocess.STDOUT)
-    assert done.returncode == 0, f"cmake --build --target {target} failed ({log}):\n{_tail(log)}"
-    print(f"[lab09] cmake --build --target {target}: {time.perf_counter() - started:.1f} s")
-    library = CMAKE_DIR / tag / "libcourse_ops.so"
-    assert library.is_file(), f"the {target} target built no {library}"
-    return library
+def _python_path() -> str:
+    """This python by its folder's real path (.venv is a link to the course's cache): CI's `readlink -f` and the
+    grader's .venv/bin/python name one CMake configuration, not two."""
+    executable = Path(sys.executable)
+    return str(Path(os.path.realpath(executable.parent)) / executable.name)
 
 
-def _cmake_compiled_sources(tag: str) -> set[Path]:
+def _cmake_options(tree: trees.Tree) -> dict[str, str]:
+    """The configure options of the tree's lab 09 build: this tree's lab 09 alone, named by its tag."""
+    return {"COURSE_PYTHON": _python_path(), "COURSE_CUDA_ARCH": _arch_list(),
+            "COURSE_TREES": f"{tree.tag}={tree.path}", "COURSE_LABS": LAB.name, "COURSE_OP_LIBRARIES": "ON"}
+
+
+def _cmake_compiled_sources(build: Path, target: str) -> frozenset:
     """The files compile_commands.json compiles into the op-library target."""
-    commands = json.loads((CMAKE_DIR / "compile_commands.json").read_text())
-    marker = f"/course_{tag}_ops.dir/"
-    return {Path(c["file"]).resolve() for c in commands if marker in c.get("output", c["command"])}
+    commands = json.loads((build / "compile_commands.json").read_text())
+    marker = f"/{target}.dir/"
+    return frozenset(Path(c["file"]).resolve() for c in commands if marker in c.get("output", c["command"]))
+
+
+@background.once
+def cmake_library(tree: trees.Tree) -> CMakeBuild:
+    """The tree's lab 09 op library, built by its target alone in the tree's folder (configured when new, or when
+    its options changed), then published as <folder>/libcourse_ops.so."""
+    target, folder = f"course_{tree.tag}_ops", LAB.build_dir(tree, "aot-cmake")
+    build = folder / "cmake"
+    with folders.exclusive(folder):
+        options = _cmake_options(tree)
+        cache = _cmake_cache(build)
+        if any(cache.get(name) != value for name, value in options.items()):
+            _run_logged(["cmake", "-S", str(trees.ROOT), "-B", str(build),
+                         *(f"-D{name}={value}" for name, value in options.items())],
+                        folder / "cmake-configure.log", f"cmake's configure step for {LAB.dir_in(tree)}")
+        seconds = _run_logged(["cmake", "--build", str(build), "--target", target, "-j", _jobs()],
+                              folder / "cmake-build.log", f"cmake --build --target {target}")
+        print(f"[lab09] cmake --build --target {target}: {seconds:.1f} s")
+        built = build / tree.tag / LIBRARY_NAME
+        assert built.is_file(), f"the {target} target built no {built}"
+        made = folders.staging_path(folder / LIBRARY_NAME)
+        shutil.copyfile(built, made)
+        library = folders.publish_file(made, folder / LIBRARY_NAME)
+        return CMakeBuild(library, _cmake_compiled_sources(build, target))
 
 
 # ---------------------------------------------------------------- the wheel
 def _course_env():
-    """tools/course/env.py, loaded by path (tools/ is not a package): the course's cache folder."""
+    """tools/course/env.py, loaded by path (tools/ is not a package): the course's cache folder. start_early loads
+    it first, in the main thread: a module is in sys.modules before its body has run, and a build thread must not
+    find it half made."""
     module = sys.modules.get("course_env")
     if module is None:
         spec = importlib.util.spec_from_file_location("course_env", trees.ROOT / "tools" / "course" / "env.py")
@@ -180,64 +207,76 @@ def _course_env():
     return module
 
 
-def wheel_inputs(lab_dir: Path) -> list[Path]:
-    """Every file the wheel is made from: the package folder, the lab's sources and Python files, the sources and
-    headers of the labs depends.txt names, the course's headers, and jit.py (setup.py reads its rules)."""
+def wheel_inputs(lab_dir: Path) -> list[tuple[str, Path]]:
+    """(name, file) of every file the wheel is made from: the package folder, the lab's sources and Python files,
+    the sources and headers of the labs depends.txt names (all of the graded tree, named from the tree's folder),
+    the course's headers, and jit.py (setup.py reads its rules)."""
     code = {".cpp", ".cu", ".h", ".cuh"}
     files = [p for p in (lab_dir / "package").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     files += [p for p in lab_dir.iterdir() if p.is_file() and (p.suffix in code | {".py"} or p.name == "depends.txt")]
     for dependency in jit.lab_dependencies(lab_dir):
         files += [p for p in dependency.iterdir() if p.is_file() and p.suffix in code]
-    files += [p for p in trees.INCLUDE.rglob("*") if p.is_file()]
-    files.append(trees.TESTS / "harness" / "jit.py")
-    return sorted(set(files))
+    named = [(str(p.relative_to(lab_dir.parent)), p) for p in sorted(set(files))]
+    named += [(str(p.relative_to(trees.ROOT)), p) for p in sorted(trees.INCLUDE.rglob("*")) if p.is_file()]
+    named.append(("tests/harness/jit.py", trees.TESTS / "harness" / "jit.py"))
+    return named
 
 
 def wheel_key(lab_dir: Path) -> str:
-    digest = hashlib.sha256(f"torch {torch.__version__} arch {_arch_list()}\n".encode())
-    for path in wheel_inputs(lab_dir):
-        digest.update(f"{path.relative_to(trees.ROOT)}\n".encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return folders.content_key(wheel_inputs(lab_dir), f"torch {torch.__version__} arch {_arch_list()}")
+
+
+def _wheel_in(dist: Path) -> Path | None:
+    found = sorted(dist.glob("course_ops-*.whl"))
+    return found[-1] if found else None
 
 
 @background.once
-def wheel(tag: str) -> Path:
-    """build/wheel/<tag>/dist's course_ops wheel, built with pip unless the hash of its sources is the one it was
-    built from. Intermediate files stay in build/wheel/<tag>/build (setup.py), so a rebuild is incremental."""
-    lab_dir = LAB.dir_in(trees.resolve_tree(tag))
-    dist, key = WHEEL_DIR / tag / "dist", wheel_key(lab_dir)
-    stamp = dist / "source-hash.txt"
-    found = sorted(dist.glob("course_ops-*.whl"))
-    if found and stamp.is_file() and stamp.read_text().strip() == key:
-        return found[-1]
-    shutil.rmtree(dist, ignore_errors=True)
-    dist.mkdir(parents=True)
-    env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning")  # wheel's bdist_wheel warns of setuptools' own
-    extra = _course_env().bdist_wheel_path()  # setuptools 65 has no bdist_wheel of its own
-    if extra:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra, env.get("PYTHONPATH")]))
-    log = WHEEL_DIR / tag / "pip-wheel.log"
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check",
-                               "--no-build-isolation", "--no-deps", "-w", str(dist), str(lab_dir / "package")],
-                              stdout=out, stderr=subprocess.STDOUT, env=env)
-    assert done.returncode == 0, f"pip wheel of {lab_dir / 'package'} failed ({log}):\n{_tail(log)}"
-    print(f"[lab09] pip wheel {lab_dir.relative_to(trees.ROOT)}/package: {time.perf_counter() - started:.1f} s")
-    found = sorted(dist.glob("course_ops-*.whl"))
-    assert found, f"pip wheel wrote no course_ops wheel into {dist} ({log})"
-    stamp.write_text(key + "\n")
-    return found[-1]
+def wheel(tree: trees.Tree) -> Path:
+    """The tree's course_ops wheel, in <folder>/dist-<key>: built with pip unless that folder exists (a dist-<key>
+    is published whole, by a rename). Intermediate files stay in <folder>/build (setup.py's COURSE_WHEEL_BUILD), so
+    a rebuild is incremental."""
+    lab_dir, folder = LAB.dir_in(tree), LAB.build_dir(tree, "aot-wheel")
+    folders.require_given_files(lab_dir / "package", PACKAGE_FILES, "the course_ops wheel",
+                                "labs/09-custom-ops/package/")
+    dist = folder / f"dist-{wheel_key(lab_dir)}"
+    with folders.exclusive(folder):
+        if _wheel_in(dist) is None:
+            staging = folders.staging_path(dist)
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            # wheel's bdist_wheel warns of setuptools' own; COURSE_ROOT: where include/ and jit.py are
+            env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning", COURSE_ROOT=str(trees.ROOT),
+                       COURSE_WHEEL_BUILD=str(folder / "build"))
+            extra = _course_env().bdist_wheel_path()  # setuptools 65 has no bdist_wheel of its own
+            if extra:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra, env.get("PYTHONPATH")]))
+            seconds = _run_logged([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check",
+                                   "--no-build-isolation", "--no-deps", "-w", str(staging), str(lab_dir / "package")],
+                                  folder / "pip-wheel.log", f"pip wheel of {lab_dir / 'package'}", env=env)
+            print(f"[lab09] pip wheel {lab_dir}/package: {seconds:.1f} s")
+            folders.publish_folder(staging, dist)
+            folders.remove_leftovers(folder, "dist-", keep=dist)
+    found = _wheel_in(dist)
+    assert found, f"pip wheel wrote no course_ops wheel into {dist} ({folder / 'pip-wheel.log'})"
+    return found
 
 
 @background.once
-def installed_wheel(tag: str) -> Path:
-    """wheel(tag) installed with pip --target into build/wheel/<tag>/site (--no-deps: this torch is the one)."""
-    site = WHEEL_DIR / tag / "site"
-    shutil.rmtree(site, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
-                    "--target", str(site), str(wheel(tag))], check=True)
+def installed_wheel(tree: trees.Tree) -> Path:
+    """wheel(tree) installed with pip --target into <folder>/site-<key> (--no-deps: this torch is the one), made
+    once per wheel and renamed into place whole."""
+    built = wheel(tree)
+    folder = built.parent.parent
+    site = folder / f"site-{built.parent.name.removeprefix('dist-')}"
+    with folders.exclusive(folder):
+        if not site.is_dir():
+            staging = folders.staging_path(site)
+            shutil.rmtree(staging, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+                            "--target", str(staging), str(built)], check=True)
+            folders.publish_folder(staging, site)
+            folders.remove_leftovers(folder, "site-", keep=site)
     return site
 
 
@@ -355,9 +394,9 @@ def probe(kind: str, location: str, lab_dir: Path, outputs_file: str | None = No
     return report
 
 
-def run_probe(kind: str, location: Path, tag: str, outputs_file: Path | None = None) -> dict:
+def run_probe(kind: str, location: Path, tree: trees.Tree, outputs_file: Path | None = None) -> dict:
     """probe() in a fresh python (a library defines its namespace once per process)."""
-    lab_dir = LAB.dir_in(trees.resolve_tree(tag))
+    lab_dir = LAB.dir_in(tree)
     trees.BUILD.mkdir(exist_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "probe", kind, str(location), str(lab_dir)]
     if outputs_file:
@@ -369,26 +408,33 @@ def run_probe(kind: str, location: Path, tag: str, outputs_file: Path | None = N
     return json.loads(lines[-1][len(PROBE_PREFIX):])
 
 
-def _outputs_file(kind: str, tag: str) -> Path:
-    path = WHEEL_DIR / tag / f"gpu-outputs-{kind}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+@functools.lru_cache(maxsize=None)
+def _scratch() -> Path:
+    """A folder of this process's own (removed at its exit) for what the probes hand back: two runs of one tree
+    at once each read their own outputs."""
+    folder = Path(tempfile.mkdtemp(prefix="course-lab09-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+def _outputs_file(kind: str, tree: trees.Tree) -> Path:
+    return _scratch() / f"gpu-outputs-{kind}-{tree.tag}.pt"
 
 
 @background.once
-def probe_once(kind: str, tag: str) -> dict:
+def probe_once(kind: str, tree: trees.Tree) -> dict:
     """One fresh python per ahead-of-time build: what it registers, and on a GPU its outputs too (one process for
     both: a python that imports torch and loads the library takes ~7 s)."""
-    location = cmake_library(tag) if kind == "cmake" else installed_wheel(tag)
-    return run_probe(kind, location, tag, _outputs_file(kind, tag) if torch.cuda.is_available() else None)
+    location = cmake_library(tree).library if kind == "cmake" else installed_wheel(tree)
+    return run_probe(kind, location, tree, _outputs_file(kind, tree) if torch.cuda.is_available() else None)
 
 
-def cmake_report(tag: str) -> dict:
-    return probe_once("cmake", tag)
+def cmake_report(tree: trees.Tree) -> dict:
+    return probe_once("cmake", tree)
 
 
-def wheel_report(tag: str) -> dict:
-    return probe_once("wheel", tag)
+def wheel_report(tree: trees.Tree) -> dict:
+    return probe_once("wheel", tree)
 
 
 # ---------------------------------------------------------------- what every build must register
@@ -452,10 +498,9 @@ def test_aot_cmake_compiles_the_jit_sources():
     """The CMake target compiles what the JIT build compiles: lab 09's sources and the sources of the labs its
     depends.txt names, without their module.cpp (CMakeLists.txt reads the same file)."""
     tree = graded_tree()
-    cmake_library(tree.tag)
     lab_dir = LAB.dir_in(tree)
     expected = {p.resolve() for p in jit.lab_sources(lab_dir) + jit.dependency_sources(lab_dir)}
-    got = _cmake_compiled_sources(tree.tag)
+    got = cmake_library(tree).compiled
     assert got == expected, (f"course_{tree.tag}_ops compiles {sorted(map(str, got - expected))} that the JIT build "
                              f"does not, and not {sorted(map(str, expected - got))}")
 
@@ -464,7 +509,8 @@ def test_aot_cmake_compiles_the_jit_sources():
 def test_aot_cmake_library_links_no_python():
     """libcourse_ops.so needs libtorch and neither libpython nor libtorch_python (readelf -d)."""
     tree = graded_tree()
-    _assert_links_no_python(cmake_library(tree.tag), f"build/cmake/{tree.tag}/libcourse_ops.so")
+    library = cmake_library(tree).library
+    _assert_links_no_python(library, str(library))
 
 
 @harness.tasks("lab09.1", "lab09.2", "lab09.3")
@@ -472,7 +518,7 @@ def test_aot_cmake_library_registers_the_ops():
     """torch.ops.load_library(libcourse_ops.so) + ops.register("course"): the nine schemas, a CUDA kernel each,
     the fakes' shapes, dtypes and strides on fake CUDA tensors, and the dispatcher's refusal of CPU tensors."""
     tree = graded_tree()
-    assert_registers_the_ops(cmake_report(tree.tag), f"build/cmake/{tree.tag}/libcourse_ops.so")
+    assert_registers_the_ops(cmake_report(tree), f"course_{tree.tag}_ops (CMake)")
 
 
 @harness.reference_check
@@ -480,7 +526,7 @@ def test_aot_wheel_holds_the_lab_files():
     """The wheel is abi3 and holds the package, the library, and the lab's own ops.py and block.py byte for byte
     (copied at build time: one source each)."""
     tree = graded_tree()
-    built = wheel(tree.tag)
+    built = wheel(tree)
     assert re.fullmatch(r"course_ops-[\w.]+-cp3\d+-abi3-linux_x86_64\.whl", built.name), (
         f"{built.name}: expected a course_ops wheel tagged cpXY-abi3 (setup.py's py_limited_api)")
     lab_dir = LAB.dir_in(tree)
@@ -497,7 +543,7 @@ def test_aot_wheel_holds_the_lab_files():
 def test_aot_wheel_library_links_no_python(tmp_path):
     """The wheel's _C.abi3.so needs libtorch and neither libpython nor libtorch_python (py_limited_api)."""
     tree = graded_tree()
-    with zipfile.ZipFile(wheel(tree.tag)) as archive:
+    with zipfile.ZipFile(wheel(tree)) as archive:
         library = Path(archive.extract("course_ops/_C.abi3.so", tmp_path))
     _assert_links_no_python(library, f"the wheel's {library.name}")
 
@@ -507,35 +553,35 @@ def test_aot_wheel_registers_the_same_ops():
     """pip install --target of the wheel, then `import course_ops` in a fresh python: the same schemas, kernels,
     fake results and CPU refusal as the CMake library, the package's exports, and ops.py from the install."""
     tree = graded_tree()
-    site = installed_wheel(tree.tag)
-    report = wheel_report(tree.tag)
+    site = installed_wheel(tree)
+    report = wheel_report(tree)
     assert_registers_the_ops(report, "the installed wheel")
     assert Path(report["package_file"]).resolve().is_relative_to(site.resolve()), (
         f"import course_ops found {report['package_file']}, not the installed copy in {site}")
     assert Path(report["ops_py_file"]).resolve().is_relative_to(site.resolve()), report["ops_py_file"]
     assert report["exports"] == list(WHEEL_EXPORTS), f"course_ops exports {report['exports']}, expected {WHEEL_EXPORTS}"
     assert report["torch_ops_is_namespace"], "course_ops.torch_ops is not torch.ops.course"
-    cmake = cmake_report(tree.tag)
+    cmake = cmake_report(tree)
     for key in ("schemas", "cuda_kernels", "fakes", "cpu_refusal"):
         assert report[key] == cmake[key], f"the wheel and the CMake library differ in {key}"
 
 
 # ---------------------------------------------------------------- GPU tests: bitwise the JIT build's outputs
 @background.once
-def gpu_outputs(kind: str, tag: str) -> dict:
+def gpu_outputs(kind: str, tree: trees.Tree) -> dict:
     """The outputs of run_cases on the GPU for one build of the tree (a subprocess each), loaded here."""
     if kind == "jit":
-        tree = trees.resolve_tree(tag)
         lab_build.build(LAB, tree)  # the grader's build (reused when it is up to date)
-        run_probe(kind, LAB.build_dir(tree) / f"{lab_build.module_name(LAB, tree)}.so", tag, _outputs_file(kind, tag))
+        library = LAB.build_dir(tree) / f"{lab_build.module_name(LAB, tree)}.so"
+        run_probe(kind, library, tree, _outputs_file(kind, tree))
     else:
-        probe_once(kind, tag)  # the same process as the build's registration report
-    return torch.load(_outputs_file(kind, tag))
+        probe_once(kind, tree)  # the same process as the build's registration report
+    return torch.load(_outputs_file(kind, tree))
 
 
 def assert_bitwise_like_jit(kind: str) -> None:
     tree = graded_tree()
-    ours, reference = gpu_outputs(kind, tree.tag), gpu_outputs("jit", tree.tag)
+    ours, reference = gpu_outputs(kind, tree), gpu_outputs("jit", tree)
     assert set(ours) == set(reference), f"{kind}: cases {sorted(ours)} vs the JIT build's {sorted(reference)}"
     differ = {}
     for case, expected in reference.items():
@@ -574,8 +620,8 @@ def main(argv: list[str]) -> int:
         print(PROBE_PREFIX + json.dumps(report), flush=True)
         return 0
     if argv[:1] in (["wheel"], ["cmake"]) and len(argv) <= 2:
-        tag = argv[1] if len(argv) == 2 else "solutions"
-        print(wheel(tag) if argv[0] == "wheel" else cmake_library(tag))
+        tree = trees.resolve_tree(argv[1] if len(argv) == 2 else "solutions")
+        print(wheel(tree) if argv[0] == "wheel" else cmake_library(tree).library)
         return 0
     print(__doc__, file=sys.stderr)
     return 2

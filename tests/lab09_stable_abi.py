@@ -1,4 +1,4 @@
-"""Lab 09's stable-ABI build (solutions/09-custom-ops/stable/): one wheel, built once, loaded by two torch versions.
+"""Lab 09's stable-ABI build (<tree>/09-custom-ops/stable/): one wheel, built once, loaded by two torch versions.
 
 Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the test_stable_* functions from
 here (`from lab09_stable_abi import *` brings exactly those, see __all__); `pytest tests/lab09_stable_abi.py` also
@@ -6,7 +6,9 @@ runs them. They need no fixture: the wheel, its installed copies and the second 
 functions, once per process, so importing the functions is enough (the wheel's build may start early, beside
 the lab's other tests: start_early).
 
-  - the wheel builds (build/stable-abi/, reused while newer than its sources), is tagged abi3, and its library
+  - the wheel builds from the graded tree (its stable/ folder, given code, and its lesson 06 kernel) into that tree's
+    own folder, build/stable-abi/<tree tag>/09-custom-ops/ (stable_tools.build_wheel: reused while its sources are
+    the same, made under the folder's lock and renamed into place whole), is tagged abi3, and its library
     needs only libtorch_cpu.so (the stable C shim) and the C/C++ runtimes: no libpython, no libtorch_python,
     no libtorch_cuda, no libcudart.so (static), and only C shim symbols from torch;
   - in this process's torch: import course_stable_ops registers course_stable::bias_gelu with its schema, the
@@ -31,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -38,10 +41,14 @@ import pytest
 import torch
 
 import harness
-from harness import background, requires_gpu, trees
+from harness import background, requires_gpu, todos, trees
 from harness.check import dtype_name, shape_id
 
-STABLE_DIR = trees.SOLUTIONS / "09-custom-ops" / "stable"
+LAB = trees.find_lab("09")
+# The course's build tool (given code: the grader runs the course's copy, on the graded tree's sources).
+TOOLS_FILE = LAB.dir_in(trees.resolve_tree("solutions")) / "stable" / "stable_tools.py"
+# The lesson 06 files whose TODOs the stable op's output depends on: its forward kernel and the GELU it inlines.
+LESSON06_KERNEL_FILES = ("forward.cu", "gelu.cuh")
 SCHEMA = 'course_stable::bias_gelu(Tensor x, Tensor bias, str approximate="none") -> Tensor'
 CPU_REFUSAL = "Could not run 'course_stable::bias_gelu' with arguments from the 'CPU' backend"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -59,45 +66,52 @@ __all__ = ["test_stable_wheel_builds", "test_stable_library_dependencies", "test
            "test_stable_input_checks_on_gpu"]
 
 
+_LOADING = threading.Lock()
+
+
 def _stable_tools():
-    module = sys.modules.get("course_stable_tools")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("course_stable_tools", STABLE_DIR / "stable_tools.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["course_stable_tools"] = module
-        spec.loader.exec_module(module)
-    return module
+    """stable_tools.py, loaded by path once. The lock: a test and the build started early both ask, and a module is
+    in sys.modules before its body has run (so a second thread could find it half made)."""
+    with _LOADING:
+        module = sys.modules.get("course_stable_tools")
+        if module is None:
+            spec = importlib.util.spec_from_file_location("course_stable_tools", TOOLS_FILE)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["course_stable_tools"] = module
+            spec.loader.exec_module(module)
+        return module
 
 
 @background.once
-def stable_wheel() -> Path:
-    """The wheel: COURSE_STABLE_WHEEL, or build/stable-abi/dist's, built if missing or older than its sources."""
+def stable_wheel(tree: trees.Tree) -> Path:
+    """The wheel: COURSE_STABLE_WHEEL, or the one built from the tree's stable/ folder into the tree's own build
+    folder (reused while its sources are the same)."""
     given = os.environ.get("COURSE_STABLE_WHEEL")
     if given:
         return Path(given).resolve()
-    wheel, seconds = _stable_tools().build_wheel()
+    wheel, seconds = _stable_tools().build_wheel(LAB.dir_in(tree) / "stable", LAB.build_dir(tree, "stable-abi"))
     if seconds is not None:
-        print(f"[lab09] built {wheel.name} in {seconds:.1f} s")
+        print(f"[lab09] built {wheel.name} from {LAB.dir_in(tree)}/stable in {seconds:.1f} s")
     return wheel
 
 
 def start_early() -> None:
     """Start the wheel's build now, in a thread (background.once): test_09_custom_ops.py calls this when the
     session has selected these tests, so the build runs while the others do."""
-    stable_wheel.start()
+    _stable_tools()  # loaded here, with the modules it loads, before a second thread needs them
+    stable_wheel.start(trees.resolve_tree())
 
 
 @functools.lru_cache(maxsize=None)
-def installed(python: str) -> Path:
-    """stable_wheel() installed by `python`'s pip into build/stable-abi/site-<key> (--no-deps)."""
-    tools = _stable_tools()
-    return tools.install_wheel(stable_wheel(), python, tools.BUILD / f"site-{tools._key(python)}")
+def installed(tree: trees.Tree, python: str) -> Path:
+    """stable_wheel(tree) installed by `python`'s pip into the tree's build folder (--no-deps)."""
+    return _stable_tools().install_wheel(stable_wheel(tree), python, LAB.build_dir(tree, "stable-abi"))
 
 
 @functools.lru_cache(maxsize=None)
-def stable_ops():
+def stable_ops(tree: trees.Tree):
     """course_stable_ops imported into this process from its installed copy: registers the op."""
-    site = str(installed(sys.executable))
+    site = str(installed(tree, sys.executable))
     if site not in sys.path:
         sys.path.insert(0, site)
     import course_stable_ops
@@ -120,7 +134,7 @@ def _library_bytes(wheel: Path, tmp_path: Path) -> Path:
 
 # ---------------------------------------------------------------- CPU: the wheel and its library
 def test_stable_wheel_builds():
-    wheel = stable_wheel()
+    wheel = stable_wheel(trees.resolve_tree())
     assert wheel.is_file(), f"no wheel at {wheel}"
     assert re.fullmatch(r"course_stable_ops-[\w.]+-cp3\d+-abi3-linux_x86_64\.whl", wheel.name), \
         f"{wheel.name}: expected a course_stable_ops wheel tagged cpXY-abi3 (setup.py's bdist_wheel py_limited_api)"
@@ -131,7 +145,7 @@ def test_stable_wheel_builds():
 
 
 def test_stable_library_dependencies(tmp_path):
-    library = _library_bytes(stable_wheel(), tmp_path)
+    library = _library_bytes(stable_wheel(trees.resolve_tree()), tmp_path)
     dynamic = subprocess.run([_tool("readelf"), "-d", str(library)], capture_output=True, text=True, check=True).stdout
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic))
     assert "libtorch_cpu.so" in needed, f"the library does not link libtorch_cpu.so (the stable shim): {needed}"
@@ -160,7 +174,7 @@ def _expected_stride(shape):
 def test_stable_registers_in_this_torch():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    ops = stable_ops()
+    ops = stable_ops(trees.resolve_tree())
     assert hasattr(torch.ops.course_stable, "bias_gelu"), "import course_stable_ops did not register the op"
     schema = str(torch.ops.course_stable.bias_gelu.default._schema)
     assert schema == SCHEMA, f"schema {schema!r}, expected {SCHEMA!r}"
@@ -196,9 +210,9 @@ def test_stable_same_wheel_in_second_torch():
         pytest.skip(f"the second torch ({tools.SECOND_TORCH}) is not on this machine: make it with "
                     f"`python solutions/09-custom-ops/stable/stable_tools.py second-torch` (about 3 GB, once) or set "
                     f"COURSE_SECOND_TORCH={tools.SECOND_TORCH}, then grade again")
-    second = str(tools.second_torch())
-    here = tools.run_check(sys.executable, installed(sys.executable))
-    there = tools.run_check(second, installed(second))
+    second, tree = str(tools.second_torch()), trees.resolve_tree()
+    here = tools.run_check(sys.executable, installed(tree, sys.executable))
+    there = tools.run_check(second, installed(tree, second))
     versions = (here["torch"], there["torch"])
     assert here["torch"].split(".")[:2] != there["torch"].split(".")[:2], f"both pythons run torch {versions}"
     for report in (here, there):
@@ -217,6 +231,18 @@ def test_stable_same_wheel_in_second_torch():
 
 
 # ---------------------------------------------------------------- GPU: the kernel through the stable op
+def _skip_while_lesson06_kernel_is_a_todo() -> None:
+    """The stable op runs the graded tree's lesson 06 forward kernel: while its TODOs are open (the skeleton in
+    labs/), its outputs say nothing of lab 09's given code, and lab 06's grader grades them."""
+    tree = trees.resolve_tree()
+    lesson06 = trees.find_lab("06")
+    open_todos = [str(todo) for todo in todos.open_todos(lesson06, tree) if todo.file in LESSON06_KERNEL_FILES]
+    if open_todos:
+        pytest.skip(f"the stable op runs {lesson06.dir_in(tree)}'s forward kernel, whose TODOs are open "
+                    f"({'; '.join(open_todos[:3])}): `./course grade 06` grades them; this check runs once they "
+                    "are done")
+
+
 GPU_SHAPES = [(1, 1), (3, 31), (5, 33), (2, 4097), (2, 3, 33), (64, 4096)]
 
 
@@ -229,7 +255,8 @@ def test_stable_matches_gelu_on_gpu(shape, dtype, approximate):
     flash rule for 16-bit outputs) on the stable op's output, which comes from a poisoned pool."""
     import test_06_fused_elementwise as lab06
 
-    stable_ops()
+    _skip_while_lesson06_kernel_is_a_todo()
+    stable_ops(trees.resolve_tree())
     x, bias, _ = lab06.inputs(shape, dtype)
     case = f"course_stable::bias_gelu of x {shape_id(shape)} {dtype_name(dtype)}, approximate={approximate!r}"
     with harness.check.PoisonedPool(large_bytes=0) as pool:
@@ -243,7 +270,7 @@ def test_stable_matches_gelu_on_gpu(shape, dtype, approximate):
 def test_stable_input_checks_on_gpu():
     """The host function's checks (COURSE_STABLE_CHECK, a string-only STD_TORCH_CHECK): each names the problem,
     and raises instead of crashing the process (STD_TORCH_CHECK itself did, on the GPU box)."""
-    stable_ops()
+    stable_ops(trees.resolve_tree())
     op = torch.ops.course_stable.bias_gelu
     x = torch.randn(4, 8, device="cuda")
     bias = torch.randn(8, device="cuda")

@@ -922,7 +922,7 @@ def test_perf_block_compiled():
 def _tests_of(module_name: str, prefix: str) -> dict:
     """The test functions named prefix* of tests/<module_name>.py, when that module exists (the CMake / wheel and
     stable-ABI builds of this lab are tested there). One that declares no task is marked harness.reference_check:
-    those builds are of the reference's sources, whatever tree is graded."""
+    it checks given code of the graded tree (package/, stable/), which has no TODO."""
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
@@ -1028,6 +1028,12 @@ MUTANTS = [
     harness.Mutant("bias-gelu-on-legacy-stream", "../06-fused-elementwise/forward.cu", _VECTOR_LAUNCH,
                    _VECTOR_LAUNCH.replace(", 0, stream>>>", ">>>"),
                    tests="test_runs_on_current_stream or test_block_on_a_side_stream", expect="legacy default stream"),
+    # The stable-ABI op's schema with the tanh form as its default: a caller that leaves `approximate` out gets the
+    # other GELU. Only the stable-ABI wheel compiles bias_gelu_stable.cpp: caught because that wheel is built from
+    # the graded tree (here the planted submission), without a GPU (the schema registered in this torch).
+    harness.Mutant("stable-op-defaults-to-tanh", "stable/bias_gelu_stable.cpp",
+                   'str approximate=\\"none\\") -> Tensor");', 'str approximate=\\"tanh\\") -> Tensor");',
+                   tests="test_stable_registers_in_this_torch", expect='approximate="tanh"', needs_gpu=False),
     # CourseOps's attention not causal: every query sees the future.
     harness.Mutant("block-attention-not-causal", "block.py", "self.ops.flash_attention(q, k, v, True)[0]",
                    "self.ops.flash_attention(q, k, v)[0]", tests="test_block_matches_torch",

@@ -54,6 +54,9 @@ SITE_SOURCES = ROOT / "site"
 SITE_BUILD = BUILD / "site"
 MKDOCS_YML = ROOT / "mkdocs.yml"
 LOGS = BUILD / "logs"
+# What Lab.build_dir makes, one folder per tree and lab: the grader's JIT build (and the notebook run, which reuses
+# it); lab 09's ahead-of-time builds, the CMake op library and the course_ops wheel; its stable-ABI wheel.
+BUILD_KINDS = ("jit", "aot-cmake", "aot-wheel", "stable-abi")
 
 
 def seed() -> int:
@@ -140,8 +143,12 @@ class Lab:
     def dir_in(self, tree: Tree) -> Path:
         return tree.path / self.name
 
-    def build_dir(self, tree: Tree) -> Path:
-        return BUILD / "jit" / tree.tag / self.name
+    def build_dir(self, tree: Tree, kind: str = "jit") -> Path:
+        """BUILD/<kind>/<tree tag>/<lab>: every build of a lab in a folder of the graded tree's own, so concurrent
+        runs of different trees (a class) never share one. Kinds: BUILD_KINDS."""
+        if kind not in BUILD_KINDS:
+            raise ValueError(f"build kind {kind!r}: expected one of {', '.join(BUILD_KINDS)}")
+        return BUILD / kind / tree.tag / self.name
 
 
 def formatted_cxx_sources() -> list[Path]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -44,7 +45,13 @@ def load_jit():
     return _load_harness_module("jit", "course_jit")
 
 
+def load_folders():
+    """tests/harness/folders.py (a build folder's lock, outputs published whole by a rename)."""
+    return _load_harness_module("folders", "course_folders")
+
+
 ROOT = load_trees().ROOT
+load_folders()  # now, on import: lab 09's build threads use it, and must not find it half loaded
 REQUIREMENTS = ROOT / "requirements"
 # What must import for a group to count as present in the running python.
 GROUP_MODULES = {
@@ -97,10 +104,20 @@ def bdist_wheel_path() -> str | None:
         return None
     target = cache_dir() / f"pip-target-{hashlib.sha256(WHEEL_PACKAGE.encode()).hexdigest()[:12]}"
     stamp = target / ".installed"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
-                        "--target", str(target), WHEEL_PACKAGE], check=True)
-        stamp.write_text(WHEEL_PACKAGE + "\n")
+    if stamp.exists():
+        return str(target)
+    folders = load_folders()
+    # A class's lab 09 runs all ask at once on a fresh machine: one installs, into a folder of its own that is
+    # renamed into place whole with its stamp, and the others wait for it and find it.
+    with folders.exclusive(cache_dir() / "pip-target.locks"):
+        if not stamp.exists():
+            shutil.rmtree(target, ignore_errors=True)  # half made by an older course version, which had no rename
+            staging = folders.staging_path(target)
+            shutil.rmtree(staging, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--upgrade",
+                            "--target", str(staging), WHEEL_PACKAGE], check=True)
+            (staging / stamp.name).write_text(WHEEL_PACKAGE + "\n")
+            folders.publish_folder(staging, target)
     return str(target)
 
 

@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/package/setup.py by `./course labs` [lab-hash e5d01cd55744].
+# Lab skeleton generated from solutions/09-custom-ops/package/setup.py by `./course labs` [lab-hash b41b21bbbe67].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """The course_ops wheel: lab 09's op library built with setuptools and torch's CUDAExtension.
@@ -16,8 +16,9 @@ BuildExtension reads it). ops.py and block.py are not copied into this folder: t
 the lab folder into the wheel (BuildPy), so each has one source. (Hence no editable install, `pip install
 -e`: it would import the package from this folder, where they are not.)
 
-Intermediate files go to build/wheel/<tree>/ of the repository (COURSE_WHEEL_BUILD overrides it), not
-into this folder: `./course labs` copies every file under solutions/ into labs/.
+Intermediate files go to build/wheel/<tree>/ of the repository, not into this folder: `./course labs` copies
+every file under solutions/ into labs/. The grader (tests/lab09_aot.py) sets COURSE_WHEEL_BUILD to a folder of
+the graded tree's own, and COURSE_ROOT to the course checkout when the tree is a submission stored elsewhere.
 """
 import importlib.metadata
 import os
@@ -30,8 +31,11 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
 LAB = HERE.parent  # <tree>/09-custom-ops
-ROOT = HERE.parents[2]
+# The course checkout (include/, tests/harness/jit.py): this folder's grandparent's parent, unless the grader builds
+# a submission stored elsewhere and says where the course is.
+ROOT = Path(os.environ.get("COURSE_ROOT") or HERE.parents[2])
 BUILD_BASE = Path(os.environ.get("COURSE_WHEEL_BUILD", ROOT / "build" / "wheel" / LAB.parent.name))
+BUILD_BASE.mkdir(parents=True, exist_ok=True)  # setuptools refuses an egg_base that does not exist
 # The lab's Python files that go into the package as course_ops.ops and course_ops.block.
 LAB_MODULES = ["ops.py", "block.py"]
 

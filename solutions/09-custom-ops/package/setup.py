@@ -13,8 +13,9 @@ BuildExtension reads it). ops.py and block.py are not copied into this folder: t
 the lab folder into the wheel (BuildPy), so each has one source. (Hence no editable install, `pip install
 -e`: it would import the package from this folder, where they are not.)
 
-Intermediate files go to build/wheel/<tree>/ of the repository (COURSE_WHEEL_BUILD overrides it), not
-into this folder: `./course labs` copies every file under solutions/ into labs/.
+Intermediate files go to build/wheel/<tree>/ of the repository, not into this folder: `./course labs` copies
+every file under solutions/ into labs/. The grader (tests/lab09_aot.py) sets COURSE_WHEEL_BUILD to a folder of
+the graded tree's own, and COURSE_ROOT to the course checkout when the tree is a submission stored elsewhere.
 """
 import importlib.metadata
 import os
@@ -27,8 +28,11 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
 LAB = HERE.parent  # <tree>/09-custom-ops
-ROOT = HERE.parents[2]
+# The course checkout (include/, tests/harness/jit.py): this folder's grandparent's parent, unless the grader builds
+# a submission stored elsewhere and says where the course is.
+ROOT = Path(os.environ.get("COURSE_ROOT") or HERE.parents[2])
 BUILD_BASE = Path(os.environ.get("COURSE_WHEEL_BUILD", ROOT / "build" / "wheel" / LAB.parent.name))
+BUILD_BASE.mkdir(parents=True, exist_ok=True)  # setuptools refuses an egg_base that does not exist
 # The lab's Python files that go into the package as course_ops.ops and course_ops.block.
 LAB_MODULES = ["ops.py", "block.py"]
 

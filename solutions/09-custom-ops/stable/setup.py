@@ -6,7 +6,8 @@
 --no-build-isolation: the build compiles against the torch already installed (with build isolation pip
 would download another, pyproject.toml). The library is built for sm_90a unless TORCH_CUDA_ARCH_LIST says
 otherwise, and lands in the wheel as course_stable_ops/_C.abi3.so. Intermediate files go to
-build/stable-abi/ of the repository (BUILD_BASE), not into this folder.
+build/stable-abi/ of the repository (BUILD_BASE), not into this folder; the grader (stable_tools.py)
+sets COURSE_STABLE_BUILD to a folder of the graded tree's own, and COURSE_ROOT to the course checkout.
 
 What the .so needs at load time, from readelf -d (tests/lab09_stable_abi.py checks it): NEEDED
 libtorch_cpu.so (the stable C shim: aoti_torch_*, torch_*), libstdc++.so.6, libgcc_s.so.1, libc.so.6,
@@ -27,9 +28,12 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+# The course checkout (include/, tests/harness/jit.py): this folder's grandparent's parent, unless the grader builds
+# a submission stored elsewhere and says where the course is.
+ROOT = Path(os.environ.get("COURSE_ROOT") or HERE.parents[2])
 LESSON06 = HERE.parents[1] / "06-fused-elementwise"  # lesson 06 of the same tree (solutions/ or labs/)
 BUILD_BASE = Path(os.environ.get("COURSE_STABLE_BUILD", ROOT / "build" / "stable-abi"))
+BUILD_BASE.mkdir(parents=True, exist_ok=True)  # setuptools refuses an egg_base that does not exist
 
 # The grader's compiler flags (tests/harness/jit.py), so this build compiles lesson 06 as the grader does.
 sys.path.insert(0, str(ROOT / "tests" / "harness"))

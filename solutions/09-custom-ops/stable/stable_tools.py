@@ -7,9 +7,13 @@
 
 Only the standard library here: the second torch's python imports nothing of it.
 
-The wheel: `pip wheel --no-build-isolation` of setup.py into build/stable-abi/dist/, rebuilt only when
-a source is newer than it. setuptools 65 (the main venv's) has no bdist_wheel of its own: the `wheel`
-package provides it, installed with pip --target into the course's cache, not into the venv.
+The wheel: `pip wheel --no-build-isolation` of a tree's stable/ folder (this one from the command line; the graded
+tree's when tests/lab09_stable_abi.py builds it), into build/stable-abi/<tree tag>/09-custom-ops/, the tree's own
+folder (tests/harness/trees.py: Lab.build_dir), so concurrent grading runs of different trees never share one.
+There, under the folder's lock (tests/harness/folders.py), the wheel is made in a partial folder and renamed to
+dist-<key>, the key a hash of every file it is made from: a dist-<key> that exists is whole and current, and a
+changed source makes another. setuptools 65 (the main venv's) has no bdist_wheel of its own: the `wheel` package
+provides it, installed with pip --target into the course's cache, not into the venv.
 
 The second torch: a virtualenv in the course's cache (tools/course/env.py's cache_dir(), loaded from
 there, not copied), outside the clone, keyed by the python version, the torch version and the index, so
@@ -22,9 +26,11 @@ that index is reachable. Either imports on a machine with no GPU, all the check 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,21 +39,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-BUILD = ROOT / "build" / "stable-abi"
-DIST = BUILD / "dist"
 CHECK_SCRIPT = HERE / "check_registration.py"
-LESSON06 = HERE.parents[1] / "06-fused-elementwise"  # lesson 06 of the same tree, as setup.py compiles it
-# What the wheel is made of: a change to any of them rebuilds it.
-SOURCES = [
-    HERE / "setup.py",
-    HERE / "pyproject.toml",
-    HERE / "bias_gelu_stable.cpp",
-    HERE / "course_stable_ops" / "__init__.py",
-    *sorted(LESSON06.glob("*.cu")),
-    *sorted(LESSON06.glob("*.cuh")),
-    *sorted(LESSON06.glob("*.h")),
-    *sorted((ROOT / "include" / "course").glob("*.cuh")),
-]
+# The files of a tree's stable/ folder that the wheel is made from: given code (no TODO), which a submission keeps.
+GIVEN_FILES = ("setup.py", "pyproject.toml", "bias_gelu_stable.cpp", "course_stable_ops/__init__.py")
+# The lesson whose kernel the wheel compiles (setup.py: forward.cu), a folder of the same tree.
+LESSON06 = "06-fused-elementwise"
+KERNEL_SUFFIXES = (".cu", ".cuh", ".h")
+DEFAULT_ARCH = "9.0a"  # setup.py's TORCH_CUDA_ARCH_LIST when none is set
 SECOND_TORCH = os.environ.get("COURSE_SECOND_TORCH", "2.10.0")
 # Empty: PyPI. e.g. https://download.pytorch.org/whl/cpu for the small CPU-only build.
 SECOND_TORCH_INDEX = os.environ.get("COURSE_SECOND_TORCH_INDEX", "")
@@ -64,44 +62,90 @@ def _course_env():
     return module
 
 
+_course_env()  # now, on import, with the modules it loads: the grader's threads then find them whole
+
+
 def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def find_wheel() -> Path | None:
-    wheels = sorted(DIST.glob("course_stable_ops-*.whl"))
+def default_build_dir(source_dir: Path = HERE) -> Path:
+    """The build folder of the tree that holds `source_dir` (its 09-custom-ops/stable): the grader's for it."""
+    trees = _course_env().load_trees()
+    return trees.find_lab("09").build_dir(trees.resolve_tree(str(Path(source_dir).resolve().parents[1])),
+                                          "stable-abi")
+
+
+def wheel_sources(source_dir: Path) -> list[tuple[str, Path]]:
+    """(name, file) of everything the wheel is made from: the given files of `source_dir`, lesson 06's kernel
+    sources of the same tree, the course's headers, and tests/harness/jit.py (setup.py's compiler flags)."""
+    lesson06 = source_dir.parents[1] / LESSON06
+    if not (lesson06 / "forward.cu").is_file():
+        raise FileNotFoundError(f"{lesson06 / 'forward.cu'} is missing: the stable-ABI wheel compiles lesson 06's "
+                                "forward kernel from the graded tree (keep lab 06's folder beside lab 09's)")
+    named = [(f"stable/{name}", source_dir / name) for name in GIVEN_FILES]
+    named += [(f"{LESSON06}/{p.name}", p) for p in sorted(lesson06.iterdir()) if p.suffix in KERNEL_SUFFIXES]
+    named += [(str(p.relative_to(ROOT)), p) for p in sorted((ROOT / "include").rglob("*")) if p.is_file()]
+    named.append(("tests/harness/jit.py", ROOT / "tests" / "harness" / "jit.py"))
+    return named
+
+
+def wheel_key(source_dir: Path) -> str:
+    """What names a build of the wheel: its sources' bytes, the torch it compiles against, the GPU target."""
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_ARCH
+    salt = f"torch {importlib.metadata.version('torch')} arch {arch} python {sys.version_info[:2]}"
+    return _course_env().load_folders().content_key(wheel_sources(source_dir), salt)
+
+
+def _wheel_in(folder: Path) -> Path | None:
+    wheels = sorted(folder.glob("course_stable_ops-*.whl"))
     return wheels[-1] if wheels else None
 
 
-def wheel_is_current(wheel: Path | None) -> bool:
-    return wheel is not None and wheel.stat().st_mtime > max(s.stat().st_mtime for s in SOURCES)
+def build_wheel(source_dir: Path = HERE, build_dir: Path | None = None, force: bool = False,
+                jobs: int | None = None) -> tuple[Path, float | None]:
+    """The wheel of `source_dir` (a tree's 09-custom-ops/stable), built unless build_dir holds one of the same
+    sources; and the build's seconds (None when reused). build_dir: default_build_dir(source_dir). jobs: ninja's
+    parallel compiles (MAX_JOBS), 2 unless set."""
+    folders = _course_env().load_folders()
+    source_dir = Path(source_dir).resolve()
+    build_dir = Path(build_dir or default_build_dir(source_dir))
+    folders.require_given_files(source_dir, GIVEN_FILES, "the stable-ABI wheel", "labs/09-custom-ops/stable/")
+    final = build_dir / f"dist-{wheel_key(source_dir)}"
+    with folders.exclusive(build_dir):
+        wheel = _wheel_in(final)
+        if wheel is not None and not force:
+            return wheel, None
+        staging = folders.staging_path(final)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        seconds = _pip_wheel(source_dir, staging, build_dir, jobs)
+        if force:
+            shutil.rmtree(final, ignore_errors=True)
+        folders.publish_folder(staging, final)
+        folders.remove_leftovers(build_dir, "dist-", keep=final)
+    wheel = _wheel_in(final)
+    if wheel is None:
+        raise FileNotFoundError(f"pip wheel wrote no course_stable_ops wheel into {final}")
+    return wheel, seconds
 
 
-def build_wheel(force: bool = False, jobs: int | None = None) -> tuple[Path, float | None]:
-    """The wheel, built unless an up-to-date one is in build/stable-abi/dist; and the build's seconds
-    (None when reused). jobs: ninja's parallel compiles (MAX_JOBS), 2 unless set."""
-    wheel = find_wheel()
-    if not force and wheel_is_current(wheel):
-        return wheel, None
-    DIST.mkdir(parents=True, exist_ok=True)
-    for old in DIST.glob("course_stable_ops-*.whl"):
-        old.unlink()
-    env = dict(os.environ)
+def _pip_wheel(source_dir: Path, out: Path, build_dir: Path, jobs: int | None) -> float:
+    """pip wheel of source_dir into `out`, its intermediate files in build_dir/build; the seconds it took."""
+    env = dict(os.environ, COURSE_STABLE_BUILD=str(build_dir / "build"), COURSE_ROOT=str(ROOT))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_course_env().bdist_wheel_path(), env.get("PYTHONPATH")]))
     env.setdefault("MAX_JOBS", str(jobs or 2))
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"  # wheel's bdist_wheel says setuptools >= 70.1 has its own
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation",
-                           "--no-deps", "-v", "-w", str(DIST), str(HERE)], env=env, capture_output=True, text=True)
+                           "--no-deps", "-v", "-w", str(out), str(source_dir)], env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    (BUILD / "build.log").write_text(done.stdout + done.stderr)
+    log = build_dir / "build.log"
+    log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise RuntimeError(f"the stable-ABI wheel did not build (pip wheel exit {done.returncode}; the whole log: "
-                           f"{BUILD / 'build.log'}):\n{(done.stdout + done.stderr)[-4000:]}")
-    wheel = find_wheel()
-    if wheel is None:
-        raise FileNotFoundError(f"pip wheel wrote no course_stable_ops wheel into {DIST}")
-    return wheel, seconds
+        raise RuntimeError(f"the stable-ABI wheel of {source_dir} did not build (pip wheel exit {done.returncode}; "
+                           f"the whole log: {log}):\n{(done.stdout + done.stderr)[-4000:]}")
+    return seconds
 
 
 def second_torch_dir(version: str = SECOND_TORCH, index: str = SECOND_TORCH_INDEX) -> Path:
@@ -129,10 +173,20 @@ def second_torch(version: str = SECOND_TORCH, index: str = SECOND_TORCH_INDEX) -
     return python
 
 
-def install_wheel(wheel: Path, python: str | Path, target: Path) -> Path:
-    """The wheel installed with `python`'s pip into `target` (--no-deps: that python's torch is the one tested)."""
-    subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
-                    "--upgrade", "--target", str(target), str(wheel)], check=True)
+def install_wheel(wheel: Path, python: str | Path, build_dir: Path) -> Path:
+    """The wheel installed with `python`'s pip (--no-deps: that python's torch is the one tested) into
+    build_dir/site-<python>-<wheel>, made once under the folder's lock and renamed into place whole."""
+    folders = _course_env().load_folders()
+    prefix = f"site-{_key(str(python))}-"
+    target = build_dir / f"{prefix}{hashlib.sha256(Path(wheel).read_bytes()).hexdigest()[:12]}"
+    with folders.exclusive(build_dir):
+        if not target.is_dir():
+            staging = folders.staging_path(target)
+            shutil.rmtree(staging, ignore_errors=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+                            "--target", str(staging), str(wheel)], check=True)
+            folders.publish_folder(staging, target)
+            folders.remove_leftovers(build_dir, prefix, keep=target)
     return target
 
 
@@ -155,7 +209,7 @@ def main(argv: list[str]) -> int:
     elif what == "check":
         wheel, _ = build_wheel()
         for python in (sys.executable, str(second_torch())):
-            site = install_wheel(wheel, python, BUILD / f"site-{_key(python)}")
+            site = install_wheel(wheel, python, default_build_dir())
             print(json.dumps(run_check(python, site), indent=1))
     else:
         print(__doc__, file=sys.stderr)
