@@ -62,16 +62,22 @@ def collected() -> None:
     _write()
 
 
+_build_depth = [0]  # builds inside builds (a background step that JIT-builds a lab) count once, the outer one
+
+
 def build_started() -> None:
-    STATE["build_since"] = time.time()
-    _write()
+    _build_depth[0] += 1
+    if _build_depth[0] == 1:
+        STATE["build_since"] = time.time()
+        _write()
 
 
 def build_ended(failed: bool, infrastructure: str | None = None) -> None:
     """A build ended; `infrastructure`: why it could not run at all (harness.build.infrastructure_failure)."""
-    if STATE["build_since"] is not None:
+    _build_depth[0] = max(_build_depth[0] - 1, 0)
+    if STATE["build_since"] is not None and not _build_depth[0]:
         STATE["build_s"] += time.time() - STATE["build_since"]
-    STATE["build_since"] = None
+        STATE["build_since"] = None
     STATE["build_failed"] = STATE["build_failed"] or failed
     if infrastructure:
         STATE["build_infrastructure"] = infrastructure
