@@ -529,13 +529,14 @@ def test_grade_runs_the_notebook_beside_the_graded_run(monkeypatch, gpu):
     args = types.SimpleNamespace(verbose=False, deadline=60, seed=77)
     result = cli.grade_lab(args, sys.executable, trees.find_lab("00"), "solutions")
     if gpu:
-        assert sorted(runs) == [("00-first-kernel", f"not {cli.NOTEBOOK_TEST}", 77),
-                                ("00-first-kernel-notebook", cli.NOTEBOOK_TEST, 77)]
+        # Named by the tree as well as the lab (cli.run_label): two trees graded at once share no log file.
+        assert sorted(runs) == [("solutions-00-first-kernel", f"not {cli.NOTEBOOK_TEST}", 77),
+                                ("solutions-00-first-kernel-notebook", cli.NOTEBOOK_TEST, 77)]
         assert [t["name"] for t in result["tests"]] == ["test_op", cli.NOTEBOOK_TEST]
         assert passes == [["test_op", cli.NOTEBOOK_TEST]]
         assert len(held) == 1 and not held[0].exists()
     else:
-        assert runs == [("00-first-kernel", None, 77)] and passes == [["test_op"]] and not held
+        assert runs == [("solutions-00-first-kernel", None, 77)] and passes == [["test_op"]] and not held
 
 
 @pytest.mark.parametrize("built", [True, False])
@@ -560,7 +561,7 @@ def test_grade_runs_the_quick_sanitizer_pass_beside_the_graded_run(monkeypatch, 
     def fake_quick_pass(python, rows, lab, impl, *, quick, deadline_s, **kw):
         assert quick and deadline_s == 60
         time.sleep(0.5)
-        side_work_seen.append((trees.LOGS / f"{lab.name}.side-work").exists())  # held while the pass runs
+        side_work_seen.append((trees.LOGS / f"{cli.run_label(lab, impl)}.side-work").exists())  # held meanwhile
         rows.update(sanitizer=[{"tool": "memcheck", "ran": True, "errors": 1}], sanitizer_seconds=0.5,
                     error="compute-sanitizer memcheck: Invalid __global__ write of size 4 bytes")
 

@@ -75,16 +75,25 @@ def run_lab_tests(python: str, files: list[Path], impl: str, label: str, *, verb
 NOTEBOOK_TEST = "test_notebook_runs"
 
 
+def run_label(lab, impl: str) -> str:
+    """The name of a single run's logs and side-work file (build/logs/LABEL.*): the lab's, and for any tree but
+    your labs/ the tree's tag before it, so that two trees graded at once write files of their own."""
+    tag = trees.resolve_tree(impl).tag
+    return lab.name if tag == "labs" else f"{tag}-{lab.name}"
+
+
 def grade_lab(args, python: str, lab, impl: str) -> dict:
     """One lab's run, with its notebook's run and its quick sanitizer pass beside it (before its timed cases)."""
+    label = run_label(lab, impl)
+    prefix = label.removesuffix(lab.name)  # the sanitizer's logs: PREFIXsanitize-NN-TOOL
     if not (runner.gpu_visible() and NOTEBOOK_TEST in lab.test_file.read_text(errors="replace")):
-        result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
+        result = run_lab_tests(python, [lab.test_file], impl, label, verbose=args.verbose, lab=lab,
                                deadline_s=args.deadline, seed=args.seed,
                                test_deadline_s=getattr(args, "test_deadline", None))
-        sanitizer.run_as_asked(args, python, result, lab, impl)
+        sanitizer.run_as_asked(args, python, result, lab, impl, label_prefix=prefix)
         return result
     seed = args.seed if args.seed is not None else trees.seed()
-    busy = trees.LOGS / f"{lab.name}.side-work"
+    busy = trees.LOGS / f"{label}.side-work"
     busy.parent.mkdir(parents=True, exist_ok=True)
     busy.write_text("the notebook's run (and the quick sanitizer pass) is under way; the timed cases wait until this "
                     "file is gone\n")
@@ -99,7 +108,7 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
 
     def notebook_run() -> dict:
         try:
-            return run_lab_tests(python, [lab.test_file], impl, f"{lab.name}-notebook", verbose=False, lab=lab,
+            return run_lab_tests(python, [lab.test_file], impl, f"{label}-notebook", verbose=False, lab=lab,
                                  keywords=NOTEBOOK_TEST, deadline_s=args.deadline, seed=seed)
         finally:
             side_job_ended()
@@ -107,7 +116,7 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
     def quick_pass() -> dict:
         rows: dict = {}
         try:  # the graded run's deadline: a kernel that hangs there hangs here too
-            sanitizer.run_into(python, rows, lab, impl, quick=True, deadline_s=args.deadline)
+            sanitizer.run_into(python, rows, lab, impl, quick=True, deadline_s=args.deadline, label_prefix=prefix)
         finally:
             side_job_ended()
         return rows
@@ -116,7 +125,7 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
         notebook = pool.submit(notebook_run)
         beside = pool.submit(quick_pass) if quick_pass_beside else None
         try:
-            result = run_lab_tests(python, [lab.test_file], impl, lab.name, verbose=args.verbose, lab=lab,
+            result = run_lab_tests(python, [lab.test_file], impl, label, verbose=args.verbose, lab=lab,
                                    keywords=f"not {NOTEBOOK_TEST}", deadline_s=args.deadline, seed=seed,
                                    extra_env={trees.SIDE_WORK_ENV: str(busy)},
                                    test_deadline_s=getattr(args, "test_deadline", None))
@@ -128,7 +137,7 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
     if quick_pass_result is not None:
         sanitizer.take_quick_pass(result, quick_pass_result)
     else:
-        sanitizer.run_as_asked(args, python, result, lab, impl)
+        sanitizer.run_as_asked(args, python, result, lab, impl, label_prefix=prefix)
     return result
 
 
