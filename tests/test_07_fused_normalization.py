@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
+from harness.inputs import Arg
 from harness.check import (
     check_placement,
     column_sum,
@@ -1673,6 +1674,70 @@ def test_input_errors():
         LAB.assert_raises_clearly(fn, must_mention=words, case=what)
 
 
+# Every tensor argument of every op, one at a time (harness.inputs): what each wrapper promises to refuse of it. weight
+# and rstd are copied when strided (N or rows elements beside the whole x), so a strided one is accepted; x, y and
+# grad_y are refused. The argument that sets the dtype is given int32, the others another supported dtype.
+_SETS_DTYPE = {"dtype": ("dtype", "torch.float32")}
+_X = Arg("x", dtype=torch.int32, shape=lambda t: t[..., :-1], words=_SETS_DTYPE)
+_FOLLOWER = {"dtype": FP64, "shape": lambda t: t[:8]}  # grad_y beside x or y
+_WEIGHT = Arg("weight", dtype=BF16, shape=lambda t: t[:-1], strided=False)
+_RSTD = Arg("rstd", dtype=FP64, shape=lambda t: t[:8], strided=False)
+ARGUMENTS = {
+    "softmax": (lambda m: m.softmax, ("x",), [Arg("x", dtype=torch.int32, shape=lambda t: t[0, 0],
+                                                  words={**_SETS_DTYPE, "shape": ("dimension",)})]),
+    "softmax_backward": (lambda m: m.softmax_backward, ("grad_y", "y"),
+                         [Arg("grad_y", **_FOLLOWER), Arg("y", dtype=torch.int32, shape=lambda t: t[:8],
+                                                          words=_SETS_DTYPE)]),
+    "rms_norm": (lambda m: m.rms_norm, ("x", "weight"), [_X, _WEIGHT]),
+    "rms_norm_backward": (lambda m: m.rms_norm_backward, ("grad_y", "x", "weight", "rstd"),
+                          [Arg("grad_y", **_FOLLOWER), _X, _WEIGHT, _RSTD]),
+}
+
+
+def argument_values(names) -> dict:
+    """Valid arguments of an op, by name, in its order: x, y, grad_y 16 x 32 float32, weight (32,), rstd (16,)."""
+    x, weight, grad_y = rms_inputs((16, 32), FP32)
+    made = {"x": x, "y": torch.softmax(x, -1), "grad_y": grad_y, "weight": weight, "rstd": reference_rstd(x, EPS)}
+    return {name: made[name] for name in names}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", list(ARGUMENTS))
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(op, real):
+    """Each tensor argument refused on its own, the others valid: on the CPU, of another dtype, of a wrong shape,
+    strided where the op reads it flat. On fake tensors (any machine) and on a GPU."""
+    fn, names, specs = ARGUMENTS[op]
+    inputs.assert_each_argument_checked(op, fn(LAB.module), lambda: argument_values(names), specs, real=real)
+
+
+# The Triton op's Python checks (triton_rms_norm.py), the same way: its weight must be contiguous (Triton indexes it
+# flat), rstd is the forward's float32; a tensor on another device than x is refused as such ("same device").
+_TRITON_X = Arg("x", dtype=FP64, shape=lambda t: t[..., :-1], words={"dtype": ("one of", "torch.float32")})
+_TRITON_LIKE_X = {"device": ("same device",), "dtype": ("dtype",)}
+_TRITON_RSTD = Arg("rstd", dtype=FP64, shape=lambda t: t[:8], words={
+    "device": ("forward's", "torch.float32"), "dtype": ("forward's", "torch.float32"), "shape": ("forward's",)})
+TRITON_ARGUMENTS = {
+    "rms_norm_fwd": (("x", "weight"), [_TRITON_X, Arg("weight", dtype=BF16, shape=lambda t: t[:-1],
+                                                       words=_TRITON_LIKE_X)]),
+    "rms_norm_bwd": (("grad_y", "x", "weight", "rstd"),
+                     [Arg("grad_y", dtype=BF16, shape=lambda t: t[:8], words=_TRITON_LIKE_X), _TRITON_X,
+                      Arg("weight", dtype=BF16, shape=lambda t: t[:-1], words=_TRITON_LIKE_X), _TRITON_RSTD]),
+}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", list(TRITON_ARGUMENTS))
+@harness.reference_check  # the ops' checks are given
+def test_triton_each_argument_checked(op, real):
+    """course07::rms_norm_fwd and rms_norm_bwd refuse each bad tensor argument on its own, the others valid."""
+    triton_module()
+    names, specs = TRITON_ARGUMENTS[op]
+    call = getattr(torch.ops.course07, op)
+    with_eps = (lambda *args: call(*args, EPS)) if op == "rms_norm_fwd" else call
+    inputs.assert_each_argument_checked(f"course07::{op}", with_eps, lambda: argument_values(names), specs, real=real)
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", [FP32, FP64], ids=dtype_name)
 @pytest.mark.parametrize("op", list(_CPU_CALLS))
@@ -2152,6 +2217,8 @@ test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
 
 # ---------------------------------------------------------------- known-wrong variants the grader must fail
 _STREAM_ROW_OFFSETS = "    const T* x_row = x + row * n;\n    T* y_row = y + row * n;\n    MaxSum<C> stats"
+_BACKWARD_CHECKS_X = ('  constexpr const char* op = "rms_norm_backward";\n  const RowPath row_path = parse_path(path, op, '
+                      'false);\n  check_x(x, op, "x");\n')
 MUTANTS = [
     # exp(x) / sum(exp(x)) without the max: the same numbers for small x, inf / inf = NaN once exp overflows (1e4).
     harness.Mutant("no-max-subtraction", "softmax.cu", "slice.v[j][e] = exp_of(slice.v[j][e] - row_max);",
@@ -2256,4 +2323,14 @@ MUTANTS = [
     harness.Mutant("eps-not-passed", "autograd.py", "        y, rstd = ops.rms_norm(x, weight, eps)\n",
                    "        y, rstd = ops.rms_norm(x, weight)\n", tests="test_autograd_on_cpu and rms_norm",
                    expect="elements wrong", needs_gpu=False),
+    # An input check kept for one argument, dropped for another (issue 34, class a), caught on fake tensors without
+    # a GPU: the backward's x never checked (grad_y's checks against it leave a strided or CPU x through), and the
+    # Triton op's weight never checked for contiguity (a strided weight read flat).
+    harness.Mutant("backward-x-unchecked", "wrapper.cpp", _BACKWARD_CHECKS_X, _BACKWARD_CHECKS_X.replace(
+                   '  check_x(x, op, "x");\n', ""), tests="test_each_argument_checked and rms_norm_backward and fake",
+                   expect="rms_norm_backward(x on the CPU", needs_gpu=False),
+    harness.Mutant("triton-weight-contiguity-unchecked", "triton_rms_norm.py",
+                   '    _check_contiguous(op, "weight", weight)\n', "",
+                   tests="test_triton_each_argument_checked and fake", expect="weight a non-contiguous view",
+                   needs_gpu=False),
 ]
