@@ -50,7 +50,6 @@ import torch.nn.functional as F
 
 import harness
 from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
-from harness.inputs import Arg
 from harness.check import (
     check_placement,
     column_sum,
@@ -61,6 +60,7 @@ from harness.check import (
     shape_id,
     skip_without_two_gpus,
 )
+from harness.inputs import Arg
 
 LAB = harness.lab("07")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -2217,8 +2217,8 @@ test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
 
 # ---------------------------------------------------------------- known-wrong variants the grader must fail
 _STREAM_ROW_OFFSETS = "    const T* x_row = x + row * n;\n    T* y_row = y + row * n;\n    MaxSum<C> stats"
-_BACKWARD_CHECKS_X = ('  constexpr const char* op = "rms_norm_backward";\n  const RowPath row_path = parse_path(path, op, '
-                      'false);\n  check_x(x, op, "x");\n')
+_BACKWARD_CHECKS_X = ('  constexpr const char* op = "rms_norm_backward";\n'
+                      '  const RowPath row_path = parse_path(path, op, false);\n  check_x(x, op, "x");\n')
 MUTANTS = [
     # exp(x) / sum(exp(x)) without the max: the same numbers for small x, inf / inf = NaN once exp overflows (1e4).
     harness.Mutant("no-max-subtraction", "softmax.cu", "slice.v[j][e] = exp_of(slice.v[j][e] - row_max);",
