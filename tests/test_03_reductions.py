@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
 from harness.check import dtype_name, pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("03")
 FP32, BF16 = torch.float32, torch.bfloat16
@@ -162,6 +163,22 @@ def test_row_stats_threads_per_row(length):
 def test_refuses_cpu_tensor(name):
     LAB.assert_raises_clearly(lambda: getattr(LAB.module, name)(torch.ones(4, 4)), must_mention=("CUDA",),
                               case=f"{name}(x on the CPU)")
+
+
+# x refused when it is not one (harness.inputs), for every op: on fake CUDA tensors (no GPU needed) and on real ones.
+_X_WORDS = {"dtype": ("dtype", "float32", "bfloat16")}
+REDUCE_ARGUMENTS = [Arg("x", dtype=torch.float16, words=_X_WORDS)]
+ROW_STATS_ARGUMENTS = [Arg("x", dtype=torch.float16, shape=lambda t: t[0, 0],
+                           words={**_X_WORDS, "shape": ("dimension",)})]
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("name", ["sum", "sum_atomic", "warp_sums", "warp_maxes", "row_stats"])
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(name, real):
+    specs = ROW_STATS_ARGUMENTS if name == "row_stats" else REDUCE_ARGUMENTS
+    inputs.assert_each_argument_checked(name, getattr(LAB.module, name), lambda: {"x": random_tensor((33, 17), FP32)},
+                                        specs, real=real)
 
 
 # ---------------------------------------------------------------- GPU: the warp all-reduce
