@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import harness
 from harness import notebooks, random_tensor, requires_gpu, tolerance
 from harness.check import check_placement, dtype_name, nbytes, run_student, shape_id, skip_without_two_gpus
+from harness.inputs import Arg
 
 LAB = harness.lab("06")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -268,6 +269,29 @@ def test_refuses_cpu_tensors(op):
     call = (lambda: LAB.module.bias_gelu(x, bias)) if op == "bias_gelu" else (
         lambda: LAB.module.bias_gelu_backward(torch.ones(4, 8), x, bias))
     LAB.assert_raises_clearly(call, must_mention=("CUDA", ".cuda()"), case=f"{op}(tensors on the CPU)")
+
+
+# Each tensor argument refused on its own, the others valid (harness.inputs): on fake CUDA tensors (no GPU needed)
+# and on real ones. x sets the dtype (int32 is refused); bias and grad_y must match it. A strided bias is copied (C
+# elements beside rows x C), so it is accepted; x and grad_y are refused.
+_X = Arg("x", dtype=torch.int32, shape=lambda t: t[..., :-1], words={"dtype": ("dtype", "torch.float32")})
+_BIAS = Arg("bias", dtype=BF16, shape=lambda t: t[:-1], strided=False)
+ARGUMENTS = {"bias_gelu": (("x", "bias"), [_X, _BIAS]),
+             "bias_gelu_backward": (("grad_y", "x", "bias"), [Arg("grad_y", dtype=FP64, shape=lambda t: t[:8]), _X,
+                                                                _BIAS])}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", list(ARGUMENTS))
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(op, real):
+    names, specs = ARGUMENTS[op]
+
+    def make_args():
+        x, bias, grad_y = inputs((16, 16), FP32)
+        return {name: {"x": x, "bias": bias, "grad_y": grad_y}[name] for name in names}
+
+    harness.inputs.assert_each_argument_checked(op, getattr(LAB.module, op), make_args, specs, real=real)
 
 
 @harness.reference_check

@@ -66,6 +66,7 @@ import harness
 from harness import attention, notebooks, requires_gpu, tolerance
 from harness.attention import LAYOUTS, MODEL, blind_rows, describe, golden, make_qkv, randn
 from harness.check import check_placement, dtype_name, first_line, nbytes, run_student
+from harness.inputs import Arg
 
 LAB = harness.lab("08")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -384,6 +385,49 @@ def test_refuses_cpu_tensors(op):
     lse = torch.zeros(1, 2, 4)
     LAB.assert_raises_clearly(lambda: _CPU_CALLS[op](LAB.module, q, q, q, q, lse), must_mention=("CUDA",),
                               case=f"{op}(tensors on the CPU)")
+
+
+# Each tensor argument of every rung refused on its own, the others valid (harness.inputs). q sets the dtype (one the
+# rung does not take is refused); k and v must match it, and each other's shape. q, k and v may have any strides but a
+# contiguous last dimension; the tensor-core rungs also read them, and o and grad_o, in 16-byte chunks (a data
+# pointer's alignment: real tensors only). On fake CUDA tensors (no GPU needed) the rungs that read no data pointer
+# in their checks (naive, float32) are checked whole; the tensor-core rungs on a GPU.
+def _qkv_args(rung_dtype, wrong_dtype, aligned):
+    layout = {"strided": True, "aligned": aligned, "words": {"strided": ("stride 1",)}}
+    return [Arg("q", dtype=rung_dtype, shape=lambda t: t[..., :-8], **{**layout, "words": {
+                "strided": ("stride 1",), "shape": ("head_dim",)}}),
+            Arg("k", dtype=wrong_dtype, shape=lambda t: t[:, :-1], **layout),
+            Arg("v", dtype=wrong_dtype, shape=lambda t: t[:, :-1], **layout)]
+
+
+_LIKE_Q = {"dtype": FP16, "shape": lambda t: t[:, :-1], "aligned": True}
+ATTENTION_ARGUMENTS = {  # op: (q's dtype, every argument's name in call order, the specs)
+    "attention_naive": (BF16, ("q", "k", "v"), _qkv_args(FP64, FP16, aligned=False)),
+    "flash_forward_fp32": (FP32, ("q", "k", "v"), _qkv_args(BF16, FP64, aligned=False)),
+    "flash_forward": (BF16, ("q", "k", "v"), _qkv_args(FP32, FP16, aligned=True)),
+    "flash_backward": (BF16, ("grad_o", "q", "k", "v", "o", "lse"),
+                       [Arg("grad_o", **_LIKE_Q), *_qkv_args(FP32, FP16, aligned=True), Arg("o", **_LIKE_Q),
+                        Arg("lse", dtype=FP64, shape=lambda t: t[..., :-1])]),
+}
+_TENSOR_CORE_RUNGS = ("flash_forward", "flash_backward")
+
+
+@pytest.mark.parametrize("op, real", [
+    pytest.param(op, real.values[0], id=f"{op}-{real.id}", marks=real.marks) for op in ATTENTION_ARGUMENTS
+    for real in harness.FAKE_AND_REAL if real.values[0] or op not in _TENSOR_CORE_RUNGS])
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(op, real):
+    if op in _TENSOR_CORE_RUNGS:
+        skip_before_sm80(op)
+    dtype, names, specs = ATTENTION_ARGUMENTS[op]
+
+    def make_args():
+        q, k, v = make_qkv(2, 64, 80, 4, 2, 64, dtype)
+        made = {"q": q, "k": k, "v": v, "o": torch.zeros_like(q), "grad_o": torch.zeros_like(q),
+                "lse": torch.zeros(2, 4, 64, device="cuda")}
+        return {name: made[name] for name in names}
+
+    harness.inputs.assert_each_argument_checked(op, getattr(LAB.module, op), make_args, specs, real=real)
 
 
 # ---------------------------------------------------------------- the CPU model (flash_model.py), no GPU needed
