@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import harness
-from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, special_rows, tolerance
 from harness.check import dtype_name, pool_bytes, shape_id
 from harness.inputs import Arg
 
@@ -369,6 +369,37 @@ def test_row_stats_unaligned_rows(dtype):
     check_row_stats(m, s, x, case)
 
 
+# Rows of large values, of -inf, of one value (harness.special_rows): s = sum(exp(x - m)) is in [1, n] whatever the row
+# holds, while exp(x) alone overflows (x ~ 1e4) or underflows to 0 (a row of -1e4). A row of -inf only has m = -inf,
+# the max of its elements; its s is exp(-inf - (-inf)) summed, NaN by the formula, and not graded.
+ROW_PATTERN_SHAPE = (6, 1000)  # a warp per row; 4097 columns below: a block per row
+
+
+def check_special_row_stats(m, s, x, pattern, case):
+    if pattern == "all -inf row":
+        row = special_rows.ALL_INF_ROW
+        if m[row].item() != float("-inf"):
+            raise harness.GradeFailure(f"{case}: row {row} is all -inf, so its max is -inf; got m = {m[row].item()!r}"
+                                       f"\n  hint: start each thread's max at -inf (reduce::Max::identity())")
+        keep = torch.arange(x.shape[0], device=x.device) != row
+        m, s, x = m[keep], s[keep], x[keep]
+        case += f" (row {row} left out below: row numbers count the others)"
+    check_row_stats(m, s, x, case)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("cols", [pytest.param(n, id=f"{ROW_PATTERN_SHAPE[0]}x{n}", marks=harness.tasks(*row_tasks(n)))
+                                  for n in (ROW_PATTERN_SHAPE[1], 4097)])
+@pytest.mark.parametrize("pattern", special_rows.PATTERNS)
+def test_row_stats_special_values(pattern, cols, dtype):
+    x = special_rows.special_rows(pattern, (ROW_PATTERN_SHAPE[0], cols), dtype)
+    per_row = "one warp" if cols <= constants()["longest_warp_row"] else "one block"
+    case = f"row_stats of {ROW_PATTERN_SHAPE[0]}x{cols} {dtype_name(dtype)} ({per_row} per row), rows '{pattern}'"
+    m, s = row_stats(x, case=case)
+    check_special_row_stats(m, s, x, pattern, case)
+
+
 @requires_gpu
 @harness.reference_check  # the wrapper's checks are given
 def test_row_stats_input_errors():
@@ -486,6 +517,10 @@ MUTANTS = [
     # with the order in which ~1000 blocks finish (caught whenever two of the 8 runs differ).
     harness.Mutant("atomics-in-deterministic-sum", "wrapper.cpp", "/*deterministic=*/true", "/*deterministic=*/false",
                    tests="bitwise", expect="not bitwise identical"),
+    # exp(v - m) computed as exp(v) * exp(-m) (issue 34, class b): the same numbers for rows of a few units, inf * 0 =
+    # NaN once exp overflows (x ~ 1e4) or underflows (a row of -1e4). Only the special rows show it.
+    harness.Mutant("row-stats-exp-unshifted", "row_stats.cu", "s += expf(v[e] - m);", "s += expf(v[e]) * expf(-m);",
+                   tests="test_row_stats_special_values and (large or constant)", expect="elements wrong"),
     # Perf (issue 11, class 6). No mutant: the two candidates for "the lesson's technique removed" ran as fast as
     # the reference on an H100 (tools/gpu/probe/perf_mutants.py, 2026-11-22): a plain grid-stride loop of 4-byte
     # loads with one accumulator 0.982x torch.sum, 16-byte loads one per trip (`#pragma unroll 1`) 0.998x, the

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, special_rows, tolerance
 from harness.check import (
     check_placement,
     column_sum,
@@ -857,59 +857,40 @@ def test_softmax_3d(shape, dtype, path):
     check_softmax(softmax(x, path, case=case), x, case=case, hint=hint)
 
 
-# Row patterns, each a case of its own (a failure names the pattern). 'large': |x| up to ~1e4 (float32, float16),
-# ~1e30 (bfloat16): exp(x) overflows unless the max is subtracted first. 'ascending': every row sorted, so the
-# running max of each thread rises at every element and the online recurrence must rescale its sum every time.
-# 'one finite': every element -inf but one (a one-hot; a -inf part merged with another gives NaN without
-# shifted_exp's guard). 'masked': about half of each row -inf, as an attention mask. 'constant': rows of one value
-# (1e4, -1e4, 0, ...): uniform 1/n. 'all -inf row': row 1 entirely -inf: NaN, as torch.softmax gives; the other
-# rows finite and right.
-SOFTMAX_PATTERNS = ["large", "ascending", "one finite", "masked", "constant", "all -inf row"]
-LARGE_SCALE = {FP32: 1e4, FP16: 1e4, BF16: 1e30}
+# Row patterns (harness.special_rows), each a case of its own (a failure names the pattern): 'large' |x| ~1e4 (~1e30
+# in bfloat16: exp(x) overflows unless the max is subtracted first), 'ascending' (the online recurrence rescales its
+# sum at every element), 'one finite' and 'masked' (-inf parts merged need shifted_exp's guard), 'constant' (uniform
+# 1/n), 'all -inf row' (row 1 NaN, as torch.softmax gives; the other rows finite and right).
+SOFTMAX_PATTERNS = special_rows.PATTERNS
 PATTERN_SHAPE = (6, 4097)  # a block per row (32 elements a thread), and 2 streaming batches of 4096 packs
+# float64's register path takes rows of up to 4096: its register cases have rows of 4095 (a block a row, scalar loads).
+FP64_REGISTER_PATTERN_SHAPE = (6, 4095)
 
 
 def softmax_pattern(pattern, shape, dtype):
-    rows, n = shape
-    inf = float("inf")
-    x = torch.randn(shape, device="cuda") * SOFTMAX_SCALE
-    if pattern == "large":
-        x = torch.randn(shape, device="cuda") * LARGE_SCALE[dtype]
-        if dtype == FP16:
-            x = x.clamp(-6e4, 6e4)
-    elif pattern == "ascending":
-        x = x.sort(-1).values
-    elif pattern == "one finite":
-        hot = torch.randint(0, n, (rows,), device="cuda")
-        hot[0], hot[-1] = 0, n - 1  # the first and the last column among them
-        values = x[torch.arange(rows, device="cuda"), hot]
-        x = torch.full(shape, -inf, device="cuda")
-        x[torch.arange(rows, device="cuda"), hot] = values
-    elif pattern == "masked":
-        x[torch.rand(shape, device="cuda") < 0.5] = -inf
-        x[:, n // 2] = 1.0  # at least one finite element a row
-    elif pattern == "constant":
-        levels = torch.tensor([1e4, -1e4, 0.0, 3.5, -60000.0, 1.0], device="cuda")
-        levels = levels[torch.arange(rows, device="cuda") % len(levels)]
-        x = levels.unsqueeze(-1).expand(shape).contiguous()
-    elif pattern == "all -inf row":
-        x[1] = -inf
-    return x.to(dtype)
+    return special_rows.special_rows(pattern, shape, dtype, scale=SOFTMAX_SCALE)
 
 
-# The on-chip forward (float32): rows long enough to reach its shared-memory half, ending inside its last slot row
-# (as the probe's 5 x 65532).
-ON_CHIP_PATTERN_SHAPE = (6, 65532)
+# The on-chip forward: rows long enough to reach its shared-memory half, ending inside its last slot row (as the
+# probe's 5 x 65532); float64's half as long.
+ON_CHIP_PATTERN_SHAPE = {FP32: (6, 65532), FP64: (6, 32764)}
+
+
+def pattern_shape(path, dtype):
+    if path == "on_chip":
+        return ON_CHIP_PATTERN_SHAPE[dtype]
+    return FP64_REGISTER_PATTERN_SHAPE if (path, dtype) == ("registers", FP64) else PATTERN_SHAPE
 
 
 @requires_gpu
 @pytest.mark.parametrize("path, dtype", [
     *(pytest.param(path, dtype, id=f"{path}-{dtype_name(dtype)}", marks=harness.tasks(task))
-      for path, task in (("registers", "lab07.1"), ("streaming", "lab07.2")) for dtype in (FP32, FP16, BF16)),
-    pytest.param("on_chip", FP32, id="on_chip-float32", marks=harness.tasks("lab07.2"))])
+      for path, task in (("registers", "lab07.1"), ("streaming", "lab07.2")) for dtype in (FP32, FP16, BF16, FP64)),
+    *(pytest.param("on_chip", dtype, id=f"on_chip-{dtype_name(dtype)}", marks=harness.tasks("lab07.2"))
+      for dtype in (FP32, FP64))])
 @pytest.mark.parametrize("pattern", SOFTMAX_PATTERNS)
 def test_softmax_special_values(pattern, path, dtype):
-    shape = ON_CHIP_PATTERN_SHAPE if path == "on_chip" else PATTERN_SHAPE
+    shape = pattern_shape(path, dtype)
     if path == "on_chip":
         require_on_chip("softmax", shape[-1], dtype)
     x = softmax_pattern(pattern, shape, dtype)
@@ -954,6 +935,25 @@ def test_softmax_backward_3d(shape, dtype, path):
     case = case_of("softmax_backward", y, path)
     check_softmax_backward(softmax_backward(grad_y, y, path, case=case), grad_y, y, case=case,
                            hint=softmax_backward_hint(shape[-1], dtype, path))
+
+
+# The backward at the probabilities of the special rows (all but the all -inf one, whose y is NaN): exact zeros and
+# ones (one-hot and masked rows, the large rows' near one-hot ones), uniform rows. grad_x = y (grad_y - dot) has no
+# exp or log in it; one computed through log(y) (0 gives -inf) or a division by y fails here.
+BACKWARD_PATTERNS = [p for p in SOFTMAX_PATTERNS if p != "all -inf row"]
+
+
+@requires_gpu
+@pytest.mark.parametrize("path, dtype", [pytest.param(path, dtype, id=f"{path}-{dtype_name(dtype)}",
+                                                      marks=harness.tasks("lab07.3"))
+                                         for path in ("registers", "streaming") for dtype in (FP32, BF16)])
+@pytest.mark.parametrize("pattern", BACKWARD_PATTERNS)
+def test_softmax_backward_special_values(pattern, path, dtype):
+    y = torch.softmax(softmax_pattern(pattern, PATTERN_SHAPE, FP64), -1).to(dtype)
+    grad_y = randn(PATTERN_SHAPE, dtype)
+    case = case_of("softmax_backward", y, path, extra=f", y = softmax of rows '{pattern}'")
+    grad_x = softmax_backward(grad_y, y, path, case=case)
+    check_softmax_backward(grad_x, grad_y, y, case=case)
 
 
 # ---------------------------------------------------------------- GPU: softmax, the on-chip path's edges
