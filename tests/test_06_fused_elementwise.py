@@ -533,6 +533,43 @@ def test_backward_unaligned(offset, shape, dtype):
     check_backward(grad_x, grad_bias, grad_y, x, bias, "none", case=case)
 
 
+# u = x + bias of about +-1e4 (issue 34, class b): GELU's exps (erf's tail, the tanh form's sigma(2k), the density
+# exp(-u^2 / 2)) overflow or underflow there, and a form that divides two of them (tanh as (e^2k - 1) / (e^2k + 1))
+# gives inf / inf = NaN where the limit is u, or 0. Every other column of x is scaled by 1e4 (the rest ordinary, so
+# that the flash rule's yardstick is not all exact zeros and ones); float16 stops at its range, 6e4. Columns 64 take
+# the 16-byte kernels, 63 the scalar ones.
+LARGE_MAGNITUDE = 1e4
+
+
+def large_inputs(shape, dtype):
+    x, bias, grad_y = inputs(shape, dtype)
+    column_scale = torch.ones(shape[-1], dtype=FP64, device="cuda")
+    column_scale[::2] = LARGE_MAGNITUDE
+    wide = x.double() * column_scale
+    return (wide.clamp(-6e4, 6e4) if dtype == FP16 else wide).to(dtype), bias, grad_y
+
+
+def _large_params():
+    return [pytest.param(op, shape, dtype, form, id=f"{op}-{shape_id(shape)}-{dtype_name(dtype)}-{form}",
+                         marks=harness.tasks(*(forward_tasks(shape[-1], dtype) if op == "forward" else
+                                               ("lab06.1", "lab06.4"))))
+            for op in ("forward", "backward") for shape in ((33, 64), (33, 63)) for dtype in DTYPES for form in FORMS]
+
+
+@requires_gpu
+@pytest.mark.parametrize("op, shape, dtype, approximate", _large_params())
+def test_large_magnitudes(op, shape, dtype, approximate):
+    x, bias, grad_y = large_inputs(shape, dtype)
+    what = ", every other column of x ~1e4"
+    if op == "forward":
+        case = forward_case(x, dtype, approximate) + what
+        check_forward(forward(x, bias, approximate, case=case), x, bias, approximate, case=case)
+        return
+    case = backward_case(x, dtype, approximate) + what
+    grad_x, grad_bias = backward(grad_y, x, bias, approximate, case=case)
+    check_backward(grad_x, grad_bias, grad_y, x, bias, approximate, case=case)
+
+
 @requires_gpu
 @LARGE
 @pytest.mark.parametrize("dtype, shape", [(FP32, BIG), (BF16, (8197, 4096))], ids=["float32", "bfloat16"])
@@ -1079,6 +1116,11 @@ MUTANTS = [
                    "double erf_of(double v) { return erff(v); }", tests="test_forward and float64 and none",
                    expect="elements wrong"),
     # GELU'(u) = Phi(u) + u phi(u): the product rule's second term forgotten.
+    # tanh by its definition, (e^2k - 1) / (e^2k + 1) (issue 34, class b): the same numbers for |u| up to ~10,
+    # inf / inf = NaN past it (e^2k overflows float32 for u > ~11).
+    harness.Mutant("tanh-by-its-definition", "gelu.cuh", "return u * sigmoid_2k(k).value;",
+                   "return F(0.5) * u * (F(1) + (exp_of(F(2) * k) - F(1)) / (exp_of(F(2) * k) + F(1)));",
+                   tests="test_large_magnitudes and forward and tanh", expect="elements wrong"),
     harness.Mutant("derivative-missing-u-phi", "gelu.cuh", "    return cdf + u * pdf;", "    return cdf;",
                    tests="test_backward and float32 and none", expect="elements wrong"),
     harness.Mutant("grad-bias-from-one-chunk", "backward.cu", "for (int64_t k = row_lane; k < chunks; k += kRowLanes)",
