@@ -708,7 +708,8 @@ def test_triton_op_is_registered():
 @harness.reference_check  # the ops' bodies outside the kernels (outputs, grid, checks) are given
 def test_triton_fake_shapes(shape, dtype):
     """On fake tensors (FakeTensorMode: metadata only, as torch.compile traces), the ops give outputs of the right
-    shapes and dtypes without launching anything: what lets torch.compile plan a graph around them."""
+    shapes, dtypes and (contiguous) strides without launching anything: what lets torch.compile plan a graph around
+    them."""
     triton_module()
     n = shape[-1]
     with _fake_mode():
@@ -720,9 +721,48 @@ def test_triton_fake_shapes(shape, dtype):
     for name, out, want_shape, want_dtype in (("y", y, shape, dtype), ("rstd", rstd, shape[:-1], FP32),
                                               ("grad_x", grad_x, shape, dtype), ("grad_weight", grad_weight, (n,),
                                                                                  dtype)):
-        assert tuple(out.shape) == tuple(want_shape) and out.dtype == want_dtype and out.device.type == "cuda", (
-            f"{case}: {name} is {dtype_name(out.dtype)}{list(out.shape)} on {out.device}, expected "
-            f"{dtype_name(want_dtype)}{list(want_shape)} on cuda")
+        want_strides = torch.empty(want_shape, device="meta").stride()
+        assert (tuple(out.shape) == tuple(want_shape) and out.dtype == want_dtype and out.device.type == "cuda"
+                and out.stride() == want_strides), (
+            f"{case}: {name} is {dtype_name(out.dtype)}{list(out.shape)} strides {list(out.stride())} on {out.device}, "
+            f"expected {dtype_name(want_dtype)}{list(want_shape)} strides {list(want_strides)} on cuda")
+
+
+def _metadata(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.dtype, t.storage_offset()
+
+
+# Inputs the ops take whose layout is not the plain one (issue 34, class c): a size-1 dimension with a stride of its own
+# (still contiguous), a weight that starts inside its storage, a 3-D x.
+def _odd_layout_inputs(dtype):
+    x = torch.randn(2, 7, 1, 33, device="cuda").to(dtype).as_strided((2, 7, 1, 33), (231, 33, 5, 1))
+    weight = torch.randn(40, device="cuda").to(dtype)[5:38]
+    return x, weight, torch.randn(2, 7, 1, 33, device="cuda").to(dtype)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", TRITON_DTYPES, ids=dtype_name)
+@harness.tasks("lab07.8")
+def test_triton_fake_matches_real(dtype):
+    """The ops on fake copies of real inputs (FakeTensorMode.from_tensor, as torch.compile sees them) give outputs of
+    the real ones' shapes, strides, dtypes and storage offsets, on inputs of an unusual but accepted layout."""
+    triton_module()
+    x, weight, grad_y = _odd_layout_inputs(dtype)
+    ops = torch.ops.course07
+    real_y, real_rstd = _student_triton("rms_norm_fwd", lambda: ops.rms_norm_fwd(x, weight, EPS))
+    real = (real_y, real_rstd, *_student_triton("rms_norm_bwd", lambda: ops.rms_norm_bwd(grad_y, x, weight,
+                                                                                         real_rstd)))
+    with _fake_mode() as mode:
+        fx, fw, fg = (mode.from_tensor(t) for t in (x, weight, grad_y))
+        fake_y, fake_rstd = ops.rms_norm_fwd(fx, fw, EPS)
+        fake = (fake_y, fake_rstd, *ops.rms_norm_bwd(fg, fx, fw, fake_rstd))
+    case = f"course07::rms_norm_fwd / rms_norm_bwd of x {list(x.shape)} strides {list(x.stride())} {dtype_name(dtype)}"
+    for name, r, f in zip(("y", "rstd", "grad_x", "grad_weight"), real, fake):
+        if _metadata(r) != _metadata(f):
+            raise harness.GradeFailure(f"{case}: {name} on the GPU is (shape, strides, dtype, offset) {_metadata(r)}, "
+                                       f"on fake tensors {_metadata(f)}: torch.compile plans with the fake's\n  hint: "
+                                       "allocate outputs the same way whatever the tensors are (torch.empty_like(x) "
+                                       "of the checked, contiguous x; no branch on is_fake)")
 
 
 @harness.reference_check  # the ops' checks are given
