@@ -1609,6 +1609,62 @@ def test_triton_grad_weight_is_bitwise_deterministic():
                 "program order (no tl.atomic_add)")
 
 
+# The Triton kernels, again and again (issue 34, class d): a dropped barrier (the chunked backward's tl.debug_barrier()
+# between each row's dot, stored by one thread, and its loads by every thread of the program) is a race that one run
+# rarely shows. Each case runs TRITON_STRESS_RUNS times, every output and scratch buffer from a poisoned pool (a value
+# read before it is written is NaN), each run bitwise equal to the first (no atomics, a fixed split into programs:
+# nothing may depend on timing) and the first against float64. Cases: the chunked paths (n past MAX_BLOCK_FWD and
+# MAX_BLOCK_BWD) with one row a program (512 programs, each row's dot read right after its store) and with 3 rows a
+# program; the register path with 17 rows a program.
+TRITON_STRESS_CASES = [((512, 20000), FP32), ((1500, 9000), BF16), ((8197, 64), BF16)]
+TRITON_STRESS_RUNS = 16
+RACE_HINT = ("a value one thread of a program stores and others load needs a tl.debug_barrier() between (the chunked "
+             "backward's dot, stored once a row, read by every thread of the program); NaN: scratch read before it was "
+             "written (its memory starts as NaN here); " + TRITON_HINT)
+
+
+def _poisoned(fn, *sizes):
+    """fn() with every allocation in it (outputs, partials, dot) from a pool filled with NaN first."""
+    with harness.check.PoisonedPool(large_bytes=_pool_bytes(*sizes)):
+        return fn()
+
+
+def _assert_same_bits(name, out, first, case):
+    now, then = harness.calls.bits(out), harness.calls.bits(first)
+    if not torch.equal(now, then):
+        differ = int((now != then).sum())
+        nan = int(out.isnan().sum()) if out.dtype.is_floating_point else 0
+        raise harness.GradeFailure(f"{case}: {name} differs from run 1 in {differ} of {out.numel()} elements ({nan} "
+                                   f"NaN): not bitwise identical\n  hint: {RACE_HINT}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
+                                          for s, d in TRITON_STRESS_CASES])
+@harness.tasks("lab07.8")
+def test_triton_stress(shape, dtype):
+    module = triton_module()
+    ops = torch.ops.course07
+    x, weight, grad_y = rms_inputs(shape, dtype)
+    rows, n = rows_of(shape), shape[-1]
+    per_program = -(-rows // module.MAX_PARTIALS)
+    partials_bytes = -(-rows // per_program) * n * 4
+    case = f"course07 RMSNorm of x {shape_id(shape)} {dtype_name(dtype)} ({per_program} rows a program)"
+    first = None
+    for run in range(1, TRITON_STRESS_RUNS + 1):
+        y, rstd = _poisoned(lambda: ops.rms_norm_fwd(x, weight, EPS), nbytes(x))
+        grad_x, grad_weight = _poisoned(lambda: ops.rms_norm_bwd(grad_y, x, weight, rstd), nbytes(x), partials_bytes)
+        outs = {"y": y, "rstd": rstd, "grad_x": grad_x, "grad_weight": grad_weight}
+        if first is None:
+            check_rms_norm(y, rstd, x, weight, EPS, case=f"{case}, run 1", hint=TRITON_HINT)
+            check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, EPS, case=f"{case}, run 1",
+                                    hint=RACE_HINT, grad_weight_hint=TRITON_HINT)
+            first = outs
+            continue
+        for name, out in outs.items():
+            _assert_same_bits(name, out, first[name], f"{case}, run {run} of {TRITON_STRESS_RUNS}")
+
+
 class _SmallModel(torch.nn.Module):
     def __init__(self, norm):
         super().__init__()
@@ -2353,6 +2409,11 @@ MUTANTS = [
     # Triton (lab07.8): eps dropped from the root (zero rows: rstd = inf), and grad_weight from one program.
     harness.Mutant("triton-eps-dropped", "triton_rms_norm.py", "rstd = tl.rsqrt(sum_sq / N + eps)",
                    "rstd = tl.rsqrt(sum_sq / N)", tests="test_triton_rms_norm_eps", expect="rstd"),
+    # The chunked backward without its barrier (issue 34, class d): threads of a program load each row's dot before
+    # the one thread that stores it has (a stale value: NaN from the poisoned pool). A race: the stress test runs
+    # each case 16 times, one row a program, 512 programs.
+    harness.Mutant("triton-barrier-dropped", "triton_rms_norm.py", "        tl.debug_barrier()\n", "",
+                   tests="test_triton_stress", expect="grad_x"),
     harness.Mutant("triton-grad-weight-from-one-program", "triton_rms_norm.py", "for p in range(0, programs):",
                    "for p in range(0, 1):", tests="test_triton_rms_norm and 1027x64", expect="grad_weight"),
     # autograd.py (lab07.7), caught without a GPU: a transposed grad_y passed on as it is; eps not passed on.
