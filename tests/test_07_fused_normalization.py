@@ -1649,7 +1649,8 @@ def test_triton_stress(shape, dtype):
     rows, n = rows_of(shape), shape[-1]
     per_program = -(-rows // module.MAX_PARTIALS)
     partials_bytes = -(-rows // per_program) * n * 4
-    case = f"course07 RMSNorm of x {shape_id(shape)} {dtype_name(dtype)} ({per_program} rows a program)"
+    rows_text = "1 row" if per_program == 1 else f"{per_program} rows"
+    case = f"course07 RMSNorm of x {shape_id(shape)} {dtype_name(dtype)} ({rows_text} a program)"
     first = None
     for run in range(1, TRITON_STRESS_RUNS + 1):
         y, rstd = _poisoned(lambda: ops.rms_norm_fwd(x, weight, EPS), nbytes(x))
