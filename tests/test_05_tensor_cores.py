@@ -307,6 +307,23 @@ def test_linear_act(shape, dtype, activation):
     check_output(out, x, weight, bias, activation, tile=block_tile(), case=case)
 
 
+# Outputs of about +-1e3 (issue 34, class b): the GELU's exp(-2k) overflows for u below ~-10 (x / inf is 0, GELU's
+# limit) and underflows above ~10; a tanh by its definition, (e^2k - 1) / (e^2k + 1), gives inf / inf = NaN there.
+# bias ~ N(0, 1e3) on the usual x @ weight^T ~ N(0, 1).
+@requires_gpu
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@harness.tasks(*ALL_TASKS)
+def test_large_outputs(dtype):
+    skip_without_bf16(dtype)
+    x, weight, bias = make_inputs(129, 264, 520, dtype)
+    bias = (bias.float() * 1e3).to(dtype)
+    case = f"linear_act M=129 N=264 K=520, {str(dtype)[6:]}, activation=gelu, bias ~ N(0, 1e3)"
+    out = linear_act("linear_act", x, weight, bias, "gelu", case=case)
+    check_output(out, x, weight, bias, "gelu", tile=block_tile(), case=case,
+                 hint="GELU as x / (1 + exp(-2k)) (or with tanhf) has the right limits for large |x|; "
+                      "(e^2k - 1) / (e^2k + 1) is inf / inf = NaN once e^2k overflows")
+
+
 @requires_gpu
 @pytest.mark.parametrize("op", [pytest.param("linear_act", marks=harness.tasks(*ALL_TASKS)),
                                 pytest.param("linear_act_wgmma", marks=[harness.reference_check,
@@ -744,6 +761,14 @@ MUTANTS = [
     # 1.22x; FUSION_BARS' student bar is 0.85x). The unstaged code runs, then returns before the staged code.
     harness.Mutant("unstaged-epilogue", "linear_act.cu", _STAGING_BEGINS, _UNSTAGED_EPILOGUE + _STAGING_BEGINS,
                    tests="test_perf_fusion_memory_bound", expect="below the student bar", perf=True),
+    # tanh by its definition in the GELU (issue 34, class b): the same numbers for outputs of a few units, inf / inf =
+    # NaN for outputs past ~11. Only the large outputs show it.
+    harness.Mutant("gelu-tanh-by-its-definition", "mma.cuh",
+                   "case Activation::kGelu: return __fdividef(x, 1.0f + __expf(-2.0f * kSqrt2OverPi * (x + kCubic * x "
+                   "* x * x)));",
+                   "case Activation::kGelu: {\n      const float e = __expf(2.0f * kSqrt2OverPi * (x + kCubic * x * x "
+                   "* x));\n      return 0.5f * x * (1.0f + (e - 1.0f) / (e + 1.0f));\n    }",
+                   tests="test_large_outputs", expect="elements wrong"),
     # An input check dropped for one argument (issue 34, class a): bias's contiguity, which x's and weight's keep. A
     # strided bias (bias[::2] of a wider one) is read flat: wrong values, no error. Caught on fake tensors, no GPU.
     harness.Mutant("bias-contiguity-unchecked", "wrapper.cpp", '  course::check_contiguous(bias, op, "bias");\n', "",
