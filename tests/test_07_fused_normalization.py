@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness import inputs, notebooks, random_tensor, requires_gpu, special_rows, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, special_rows, stress, tolerance
 from harness.check import (
     check_placement,
     column_sum,
@@ -1623,21 +1623,6 @@ RACE_HINT = ("a value one thread of a program stores and others load needs a tl.
              "written (its memory starts as NaN here); " + TRITON_HINT)
 
 
-def _poisoned(fn, *sizes):
-    """fn() with every allocation in it (outputs, partials, dot) from a pool filled with NaN first."""
-    with harness.check.PoisonedPool(large_bytes=_pool_bytes(*sizes)):
-        return fn()
-
-
-def _assert_same_bits(name, out, first, case):
-    now, then = harness.calls.bits(out), harness.calls.bits(first)
-    if not torch.equal(now, then):
-        differ = int((now != then).sum())
-        nan = int(out.isnan().sum()) if out.dtype.is_floating_point else 0
-        raise harness.GradeFailure(f"{case}: {name} differs from run 1 in {differ} of {out.numel()} elements ({nan} "
-                                   f"NaN): not bitwise identical\n  hint: {RACE_HINT}")
-
-
 @requires_gpu
 @LARGE  # 16 runs of each case: long under compute-sanitizer, whose racecheck sees shared memory, not these races
 @pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
@@ -1654,8 +1639,9 @@ def test_triton_stress(shape, dtype):
     case = f"course07 RMSNorm of x {shape_id(shape)} {dtype_name(dtype)} ({rows_text} a program)"
     first = None
     for run in range(1, TRITON_STRESS_RUNS + 1):
-        y, rstd = _poisoned(lambda: ops.rms_norm_fwd(x, weight, EPS), nbytes(x))
-        grad_x, grad_weight = _poisoned(lambda: ops.rms_norm_bwd(grad_y, x, weight, rstd), nbytes(x), partials_bytes)
+        y, rstd = stress.run_poisoned(lambda: ops.rms_norm_fwd(x, weight, EPS), nbytes(x))
+        grad_x, grad_weight = stress.run_poisoned(lambda: ops.rms_norm_bwd(grad_y, x, weight, rstd), nbytes(x),
+                                                  partials_bytes)
         outs = {"y": y, "rstd": rstd, "grad_x": grad_x, "grad_weight": grad_weight}
         if first is None:
             check_rms_norm(y, rstd, x, weight, EPS, case=f"{case}, run 1", hint=TRITON_HINT)
@@ -1664,7 +1650,8 @@ def test_triton_stress(shape, dtype):
             first = outs
             continue
         for name, out in outs.items():
-            _assert_same_bits(name, out, first[name], f"{case}, run {run} of {TRITON_STRESS_RUNS}")
+            stress.assert_bitwise_equal(name, out, first[name], case=f"{case}, run {run} of {TRITON_STRESS_RUNS}",
+                                        hint=RACE_HINT)
 
 
 class _SmallModel(torch.nn.Module):
