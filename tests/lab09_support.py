@@ -123,10 +123,16 @@ class OpCase:
     dtype: torch.dtype
 
 
-def _qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device, packed=False):
-    if packed:  # slices of one projection output (B, S, Hq + 2 Hkv, D): strided views, as a model holds them
+def _qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device, layout="contiguous"):
+    if layout == "packed":  # slices of one projection output (B, S, Hq + 2 Hkv, D): strided views, as models hold them
         qkv = randn((batch, seqlen_q, heads_q + 2 * heads_kv, head_dim), dtype, device)
         return (qkv[:, :, :heads_q], qkv[:, :, heads_q:heads_q + heads_kv], qkv[:, :, heads_q + heads_kv:])
+    if layout == "heads-first":
+        # (B, H, S, D) storage seen as (B, S, H, D), as F.scaled_dot_product_attention's callers hold it: dense but
+        # not contiguous. torch.empty_like keeps such a layout (the real ops return contiguous outputs): a fake built
+        # with it has the wrong strides (issue 34, class c).
+        return tuple(randn((batch, h, s, head_dim), dtype, device).transpose(1, 2)
+                     for s, h in ((seqlen_q, heads_q), (seqlen_k, heads_kv), (seqlen_k, heads_kv)))
     return (randn((batch, seqlen_q, heads_q, head_dim), dtype, device),
             randn((batch, seqlen_k, heads_kv, head_dim), dtype, device),
             randn((batch, seqlen_k, heads_kv, head_dim), dtype, device))
@@ -161,27 +167,30 @@ def _cases() -> list[OpCase]:
                                          torch.empty(s, dtype=t, device=d),
                                          torch.empty(s[:-1], dtype=FP64 if t == FP64 else FP32, device=d)))
     attention_cases = (
-        # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, scale, packed)
-        (2, 100, 100, 4, 2, 64, BF16, True, None, False),
-        (1, 77, 130, 2, 2, 128, FP16, False, 0.3, False),
-        (2, 64, 64, 4, 1, 64, BF16, True, None, True),
+        # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, causal, scale, layout)
+        (2, 100, 100, 4, 2, 64, BF16, True, None, "contiguous"),
+        (1, 77, 130, 2, 2, 128, FP16, False, 0.3, "contiguous"),
+        (2, 64, 64, 4, 1, 64, BF16, True, None, "packed"),
+        (2, 40, 72, 4, 2, 64, BF16, True, None, "heads-first"),
     )
-    for b, sq, sk, hq, hkv, d, dtype, causal, scale, packed in attention_cases:
+    layout_words = {"contiguous": "", "packed": ", packed-qkv views",
+                    "heads-first": ", (batch, heads, seq, dim) storage"}
+    for b, sq, sk, hq, hkv, d, dtype, causal, scale, layout in attention_cases:
         ident = (f"b{b}-{sq}x{sk}-h{hq}-kv{hkv}-d{d}-{dtype_name(dtype)}-{'causal' if causal else 'noncausal'}"
-                 + ("-packed" if packed else ""))
+                 + ("" if layout == "contiguous" else f"-{layout}"))
         what = (f"q [{b}, {sq}, {hq}, {d}], k/v [{b}, {sk}, {hkv}, {d}] {dtype_name(dtype)}, causal={causal}"
-                + (f", scale={scale}" if scale is not None else "") + (", packed-qkv views" if packed else ""))
+                + (f", scale={scale}" if scale is not None else "") + layout_words[layout])
 
-        def forward_args(dev, shape=(b, sq, sk, hq, hkv, d), t=dtype, c=causal, sc=scale, p=packed):
-            return (*_qkv(*shape, t, dev, packed=p), c, sc)
+        def forward_args(dev, shape=(b, sq, sk, hq, hkv, d), t=dtype, c=causal, sc=scale, lay=layout):
+            return (*_qkv(*shape, t, dev, layout=lay), c, sc)
 
-        def backward_args(dev, shape=(b, sq, sk, hq, hkv, d), t=dtype, c=causal, sc=scale, p=packed):
-            q, k, v = _qkv(*shape, t, dev, packed=p)
+        def backward_args(dev, shape=(b, sq, sk, hq, hkv, d), t=dtype, c=causal, sc=scale, lay=layout):
+            q, k, v = _qkv(*shape, t, dev, layout=lay)
             o, lse = reference_attention32(q, k, v, c, sc)
             return randn(q.shape, t, dev), q, k, v, o, lse, c, sc
 
         add("flash_attention", ident, what, dtype, forward_args)
-        if not packed:
+        if layout != "packed":
             add("flash_attention_backward", ident, what, dtype, backward_args)
     return cases
 

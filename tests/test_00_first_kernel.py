@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
 from harness.check import nbytes, pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("00")
 FP32 = torch.float32
@@ -77,6 +78,29 @@ def test_scale_refuses_cpu_tensor():
 def test_axpy_refuses_cpu_tensors():
     LAB.assert_raises_clearly(lambda: LAB.module.axpy(2.0, torch.ones(4), torch.ones(4)), must_mention=("CUDA",),
                               case="axpy(x, y on the CPU)")
+
+
+# Each tensor argument refused on its own, the others valid (harness.inputs): on fake CUDA tensors (no GPU needed)
+# and on real ones. axpy's checks are the student's (lab00.4), and a check of y alone passes a test that only ever
+# hands it a bad y: x gets its own.
+def _axpy_arg(name):
+    return Arg(name, dtype=torch.float16, shape=lambda t: t[:, :16])
+
+
+ARGUMENTS = {
+    "scale": (lambda: {"x": random_tensor((33, 17), FP32), "alpha": 2.0},
+              [Arg("x", dtype=torch.float64, words={"dtype": ("dtype", "float32")})]),
+    "axpy": (lambda: {"alpha": 2.0, "x": random_tensor((33, 17), FP32), "y": random_tensor((33, 17), FP32)},
+             [_axpy_arg("x"), _axpy_arg("y")]),
+}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", [pytest.param("scale", marks=harness.reference_check),
+                                pytest.param("axpy", marks=harness.tasks("lab00.4"))])
+def test_each_argument_checked(op, real):
+    make_args, specs = ARGUMENTS[op]
+    inputs.assert_each_argument_checked(op, getattr(LAB.module, op), make_args, specs, real=real)
 
 
 # ---------------------------------------------------------------- GPU: correctness, outputs guarded
@@ -319,6 +343,12 @@ MUTANTS = [
                    "  at::Tensor out = at::empty_like(x);\n", tests="another_gpu", expect="device_guard", gpus=2),
     harness.Mutant("no-shape-check", "wrapper.cpp", '  course::check_same_shape(x, y, "axpy", "x", "y");\n', "",
                    tests="axpy_input_errors", expect="expected a clear error"),
+    # An input check for one argument only (issue 34, class a): axpy checks y's device, dtype and contiguity but
+    # not x's. The same-device and same-shape checks still compare them; a float16 or strided x goes through. Caught
+    # on fake tensors, without a GPU.
+    harness.Mutant("axpy-checks-y-only", "wrapper.cpp", '{std::pair{&x, "x"}, std::pair{&y, "y"}}',
+                   '{std::pair{&y, "y"}}', tests="test_each_argument_checked and axpy and fake",
+                   expect="axpy(x on the CPU", needs_gpu=False),
     # Perf (issue 11, class 6): correct, slower kernels without the lesson's technique, which the student bar must
     # fail. The lesson's two ideas: the grid-stride loop, where a warp's 32 accesses fall on 32 neighbouring floats on
     # every trip, and a grid of one full wave. tools/gpu/probe/perf_mutants.py measures them against the bars.

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, poisoned, random_tensor, requires_gpu, tolerance
 from harness.check import shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("01")
 FP32 = torch.float32
@@ -115,6 +116,22 @@ def test_refuses_cpu_tensors(name):
 def test_strided_refuses_cpu_tensors():
     LAB.assert_raises_clearly(lambda: LAB.module.copy_strided(torch.empty(4), torch.ones(4), 2),
                               must_mention=("CUDA",), case="copy_strided(dst, src on the CPU, 2)")
+
+
+# dst and src each refused on their own, the other valid (harness.inputs): on fake CUDA tensors (no GPU needed) and on
+# real ones.
+COPY_ARGUMENTS = [Arg(name, dtype=torch.float64, shape=lambda t: t[:, :16]) for name in ("dst", "src")]
+COPY_EXTRA = {"copy_coalesced": {}, "copy_strided": {"stride": 2}, "copy_vectorized": {}}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("name", list(COPY_EXTRA))
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(name, real):
+    def make_args():
+        return {"dst": random_tensor((33, 17), FP32), "src": random_tensor((33, 17), FP32), **COPY_EXTRA[name]}
+
+    inputs.assert_each_argument_checked(name, getattr(LAB.module, name), make_args, COPY_ARGUMENTS, real=real)
 
 
 # ---------------------------------------------------------------- GPU: correctness

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, tolerance
 from harness.check import pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("02")
 FP32 = torch.float32
@@ -158,6 +159,20 @@ def test_unpadded_tile_has_the_conflict_the_lesson_measures():
 def test_refuses_cpu_tensor(kernel):
     LAB.assert_raises_clearly(lambda: run(kernel, torch.ones(4, 4)), must_mention=("CUDA",),
                               case=f"{kernel}_transpose(x on the CPU)")
+
+
+# x refused when it is not one (harness.inputs): on fake CUDA tensors (no GPU needed) and on real ones. Any strides are
+# taken (the kernels read through them), so a strided x is not refused.
+TRANSPOSE_ARGUMENTS = [Arg("x", dtype=torch.float64, shape=lambda t: t[0], strided=False,
+                           words={"dtype": ("dtype", "float32"), "shape": ("matrix",)})]
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("kernel", KERNELS)
+@harness.reference_check  # the checks come before the lab02.1 region
+def test_each_argument_checked(kernel, real):
+    inputs.assert_each_argument_checked(f"{kernel}_transpose", lambda x: run(kernel, x),
+                                        lambda: {"x": random_tensor((33, 17), FP32)}, TRANSPOSE_ARGUMENTS, real=real)
 
 
 # ---------------------------------------------------------------- GPU: correctness

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import harness
-from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, special_rows, tolerance
 from harness.check import dtype_name, pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("03")
 FP32, BF16 = torch.float32, torch.bfloat16
@@ -162,6 +163,22 @@ def test_row_stats_threads_per_row(length):
 def test_refuses_cpu_tensor(name):
     LAB.assert_raises_clearly(lambda: getattr(LAB.module, name)(torch.ones(4, 4)), must_mention=("CUDA",),
                               case=f"{name}(x on the CPU)")
+
+
+# x refused when it is not one (harness.inputs), for every op: on fake CUDA tensors (no GPU needed) and on real ones.
+_X_WORDS = {"dtype": ("dtype", "float32", "bfloat16")}
+REDUCE_ARGUMENTS = [Arg("x", dtype=torch.float16, words=_X_WORDS)]
+ROW_STATS_ARGUMENTS = [Arg("x", dtype=torch.float16, shape=lambda t: t[0, 0],
+                           words={**_X_WORDS, "shape": ("dimension",)})]
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("name", ["sum", "sum_atomic", "warp_sums", "warp_maxes", "row_stats"])
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(name, real):
+    specs = ROW_STATS_ARGUMENTS if name == "row_stats" else REDUCE_ARGUMENTS
+    inputs.assert_each_argument_checked(name, getattr(LAB.module, name), lambda: {"x": random_tensor((33, 17), FP32)},
+                                        specs, real=real)
 
 
 # ---------------------------------------------------------------- GPU: the warp all-reduce
@@ -352,6 +369,37 @@ def test_row_stats_unaligned_rows(dtype):
     check_row_stats(m, s, x, case)
 
 
+# Rows of large values, of -inf, of one value (harness.special_rows): s = sum(exp(x - m)) is in [1, n] whatever the row
+# holds, while exp(x) alone overflows (x ~ 1e4) or underflows to 0 (a row of -1e4). A row of -inf only has m = -inf,
+# the max of its elements; its s is exp(-inf - (-inf)) summed, NaN by the formula, and not graded.
+ROW_PATTERN_SHAPE = (6, 1000)  # a warp per row; 4097 columns below: a block per row
+
+
+def check_special_row_stats(m, s, x, pattern, case):
+    if pattern == "all -inf row":
+        row = special_rows.ALL_INF_ROW
+        if m[row].item() != float("-inf"):
+            raise harness.GradeFailure(f"{case}: row {row} is all -inf, so its max is -inf; got m = {m[row].item()!r}"
+                                       f"\n  hint: start each thread's max at -inf (reduce::Max::identity())")
+        keep = torch.arange(x.shape[0], device=x.device) != row
+        m, s, x = m[keep], s[keep], x[keep]
+        case += f" (row {row} left out below: row numbers count the others)"
+    check_row_stats(m, s, x, case)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("cols", [pytest.param(n, id=f"{ROW_PATTERN_SHAPE[0]}x{n}", marks=harness.tasks(*row_tasks(n)))
+                                  for n in (ROW_PATTERN_SHAPE[1], 4097)])
+@pytest.mark.parametrize("pattern", special_rows.PATTERNS)
+def test_row_stats_special_values(pattern, cols, dtype):
+    x = special_rows.special_rows(pattern, (ROW_PATTERN_SHAPE[0], cols), dtype)
+    per_row = "one warp" if cols <= constants()["longest_warp_row"] else "one block"
+    case = f"row_stats of {ROW_PATTERN_SHAPE[0]}x{cols} {dtype_name(dtype)} ({per_row} per row), rows '{pattern}'"
+    m, s = row_stats(x, case=case)
+    check_special_row_stats(m, s, x, pattern, case)
+
+
 @requires_gpu
 @harness.reference_check  # the wrapper's checks are given
 def test_row_stats_input_errors():
@@ -470,6 +518,10 @@ MUTANTS = [
     # with the order in which ~1000 blocks finish (caught whenever two of the 8 runs differ).
     harness.Mutant("atomics-in-deterministic-sum", "wrapper.cpp", "/*deterministic=*/true", "/*deterministic=*/false",
                    tests="bitwise", expect="not bitwise identical"),
+    # exp(v - m) computed as exp(v) * exp(-m) (issue 34, class b): the same numbers for rows of a few units, inf * 0 =
+    # NaN once exp overflows (x ~ 1e4) or underflows (a row of -1e4). Only the special rows show it.
+    harness.Mutant("row-stats-exp-unshifted", "row_stats.cu", "s += expf(v[e] - m);", "s += expf(v[e]) * expf(-m);",
+                   tests="test_row_stats_special_values and (large or constant)", expect="elements wrong"),
     # Perf (issue 11, class 6). No mutant: the two candidates for "the lesson's technique removed" ran as fast as
     # the reference on an H100 (tools/gpu/probe/perf_mutants.py, 2026-11-22): a plain grid-stride loop of 4-byte
     # loads with one accumulator 0.982x torch.sum, 16-byte loads one per trip (`#pragma unroll 1`) 0.998x, the

@@ -9,6 +9,7 @@ import torch
 import harness
 from harness import notebooks, poison_allocator, random_tensor, requires_gpu, tolerance
 from harness.check import pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("04")
 FP32 = torch.float32
@@ -135,6 +136,21 @@ def test_refuses_2_31_elements():
     LAB.assert_raises_clearly(lambda: LAB.module.matmul(a, b, 7), must_mention=("2^31",),
                               case=f"matmul of {n}x1 by 1x{n} (C past 2^31 elements)")
     assert torch.cuda.memory_allocated() == before, "matmul allocated memory before refusing the size"
+
+
+# a and b each refused on their own, the other valid (harness.inputs): on fake CUDA tensors (no GPU needed) and on real
+# ones. A wrong shape is one whose inner dimension does not match the other's.
+MATMUL_ARGUMENTS = [Arg("a", dtype=torch.float64, shape=lambda t: t[:, :-1], words={"shape": ("inner",)}),
+                    Arg("b", dtype=torch.float64, shape=lambda t: t[:-1], words={"shape": ("inner",)})]
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(real):
+    def make_args():
+        return {"a": random_tensor((64, 48), FP32), "b": random_tensor((48, 32), FP32), "kernel": 5}
+
+    harness.inputs.assert_each_argument_checked("matmul", LAB.module.matmul, make_args, MATMUL_ARGUMENTS, real=real)
 
 
 @pytest.mark.parametrize("kernel", [0, 8, -1])

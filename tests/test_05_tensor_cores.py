@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, poisoned, random_tensor, requires_gpu, tolerance
 from harness.check import pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("05")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -229,6 +230,29 @@ def test_refuses_cpu_tensors():
                               case="linear_act(x, weight, bias on the CPU)")
 
 
+# Each tensor argument refused on its own, the others valid (harness.inputs): on fake CUDA tensors (no GPU needed)
+# and on real ones. x sets the dtype (float32 is refused); weight's and bias's must match it. x, weight and out are
+# read or written in 16-byte chunks, so they must start on a 16-byte boundary (a data pointer: real tensors only).
+# out's checks come after x's alignment, which a fake tensor (no data pointer) cannot pass: out is checked on a GPU.
+_WRONG_K = {"shape": lambda t: t[..., :-8]}  # K = 56: a multiple of 8 that does not match the others'
+LINEAR_ARGUMENTS = [Arg("x", dtype=torch.float32, aligned=True, words={"dtype": ("dtype", "float16")}, **_WRONG_K),
+                    Arg("weight", dtype=BF16, aligned=True, **_WRONG_K),
+                    Arg("bias", dtype=BF16, shape=lambda t: t[:-8])]
+OUT_ARGUMENT = Arg("out", dtype=BF16, shape=lambda t: t[:, :-8], aligned=True)
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(real):
+    def make_args():
+        x, weight, bias = make_inputs(16, 32, 64, FP16)
+        return {"x": x, "weight": weight, "bias": bias, "activation": "gelu",
+                "out": torch.empty(16, 32, dtype=FP16, device="cuda")}
+
+    specs = LINEAR_ARGUMENTS + ([OUT_ARGUMENT] if real else [])
+    inputs.assert_each_argument_checked("linear_act", LAB.module.linear_act, make_args, specs, real=real)
+
+
 @harness.reference_check
 def test_refuses_unknown_activation():
     x, w, b = torch.ones(4, 8, dtype=BF16), torch.ones(8, 8, dtype=BF16), torch.ones(8, dtype=BF16)
@@ -281,6 +305,23 @@ def test_linear_act(shape, dtype, activation):
     case = f"linear_act M={m} N={n} K={k}, {str(dtype)[6:]}, activation={activation}"
     out = linear_act("linear_act", x, weight, bias, activation, case=case)
     check_output(out, x, weight, bias, activation, tile=block_tile(), case=case)
+
+
+# Outputs of about +-1e3 (issue 34, class b): the GELU's exp(-2k) overflows for u below ~-10 (x / inf is 0, GELU's
+# limit) and underflows above ~10; a tanh by its definition, (e^2k - 1) / (e^2k + 1), gives inf / inf = NaN there.
+# bias ~ N(0, 1e3) on the usual x @ weight^T ~ N(0, 1).
+@requires_gpu
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@harness.tasks(*ALL_TASKS)
+def test_large_outputs(dtype):
+    skip_without_bf16(dtype)
+    x, weight, bias = make_inputs(129, 264, 520, dtype)
+    bias = (bias.float() * 1e3).to(dtype)
+    case = f"linear_act M=129 N=264 K=520, {str(dtype)[6:]}, activation=gelu, bias ~ N(0, 1e3)"
+    out = linear_act("linear_act", x, weight, bias, "gelu", case=case)
+    check_output(out, x, weight, bias, "gelu", tile=block_tile(), case=case,
+                 hint="GELU as x / (1 + exp(-2k)) (or with tanhf) has the right limits for large |x|; "
+                      "(e^2k - 1) / (e^2k + 1) is inf / inf = NaN once e^2k overflows")
 
 
 @requires_gpu
@@ -727,6 +768,18 @@ MUTANTS = [
     # 1.22x; FUSION_BARS' student bar is 0.85x). The unstaged code runs, then returns before the staged code.
     harness.Mutant("unstaged-epilogue", "linear_act.cu", _STAGING_BEGINS, _UNSTAGED_EPILOGUE + _STAGING_BEGINS,
                    tests="test_perf_fusion_memory_bound", expect="below the student bar", perf=True),
+    # tanh by its definition in the GELU (issue 34, class b): the same numbers for outputs of a few units, inf / inf =
+    # NaN for outputs past ~11. Only the large outputs show it.
+    harness.Mutant("gelu-tanh-by-its-definition", "mma.cuh",
+                   "case Activation::kGelu: return __fdividef(x, 1.0f + __expf(-2.0f * kSqrt2OverPi * (x + kCubic * x "
+                   "* x * x)));",
+                   "case Activation::kGelu: {\n      const float e = __expf(2.0f * kSqrt2OverPi * (x + kCubic * x * x "
+                   "* x));\n      return 0.5f * x * (1.0f + (e - 1.0f) / (e + 1.0f));\n    }",
+                   tests="test_large_outputs", expect="elements wrong"),
+    # An input check dropped for one argument (issue 34, class a): bias's contiguity, which x's and weight's keep. A
+    # strided bias (bias[::2] of a wider one) is read flat: wrong values, no error. Caught on fake tensors, no GPU.
+    harness.Mutant("bias-contiguity-unchecked", "wrapper.cpp", '  course::check_contiguous(bias, op, "bias");\n', "",
+                   tests="test_each_argument_checked and fake", expect="bias a non-contiguous view", needs_gpu=False),
     # Not a mutant: the given Hopper path with wgmma.wait_group 0 instead of 1 (no wgmma left in flight across a
     # k-slice) measured 0.855x cuBLAS against 0.857x (H100, 2026-11-22): the ring of TMA stages keeps the tensor
     # cores fed either way, so no bar can see it.

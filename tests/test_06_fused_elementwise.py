@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import harness
 from harness import notebooks, random_tensor, requires_gpu, tolerance
 from harness.check import check_placement, dtype_name, nbytes, run_student, shape_id, skip_without_two_gpus
+from harness.inputs import Arg
 
 LAB = harness.lab("06")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -268,6 +269,29 @@ def test_refuses_cpu_tensors(op):
     call = (lambda: LAB.module.bias_gelu(x, bias)) if op == "bias_gelu" else (
         lambda: LAB.module.bias_gelu_backward(torch.ones(4, 8), x, bias))
     LAB.assert_raises_clearly(call, must_mention=("CUDA", ".cuda()"), case=f"{op}(tensors on the CPU)")
+
+
+# Each tensor argument refused on its own, the others valid (harness.inputs): on fake CUDA tensors (no GPU needed)
+# and on real ones. x sets the dtype (int32 is refused); bias and grad_y must match it. A strided bias is copied (C
+# elements beside rows x C), so it is accepted; x and grad_y are refused.
+_X = Arg("x", dtype=torch.int32, shape=lambda t: t[..., :-1], words={"dtype": ("dtype", "torch.float32")})
+_BIAS = Arg("bias", dtype=BF16, shape=lambda t: t[:-1], strided=False)
+ARGUMENTS = {"bias_gelu": (("x", "bias"), [_X, _BIAS]),
+             "bias_gelu_backward": (("grad_y", "x", "bias"), [Arg("grad_y", dtype=FP64, shape=lambda t: t[:8]), _X,
+                                                                _BIAS])}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", list(ARGUMENTS))
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(op, real):
+    names, specs = ARGUMENTS[op]
+
+    def make_args():
+        x, bias, grad_y = inputs((16, 16), FP32)
+        return {name: {"x": x, "bias": bias, "grad_y": grad_y}[name] for name in names}
+
+    harness.inputs.assert_each_argument_checked(op, getattr(LAB.module, op), make_args, specs, real=real)
 
 
 @harness.reference_check
@@ -507,6 +531,43 @@ def test_backward_unaligned(offset, shape, dtype):
             + f", {offset} = a view starting 1 element into its storage (not 16-byte aligned)")
     grad_x, grad_bias = backward(grad_y, x, bias, case=case)
     check_backward(grad_x, grad_bias, grad_y, x, bias, "none", case=case)
+
+
+# u = x + bias of about +-1e4 (issue 34, class b): GELU's exps (erf's tail, the tanh form's sigma(2k), the density
+# exp(-u^2 / 2)) overflow or underflow there, and a form that divides two of them (tanh as (e^2k - 1) / (e^2k + 1))
+# gives inf / inf = NaN where the limit is u, or 0. Every other column of x is scaled by 1e4 (the rest ordinary, so
+# that the flash rule's yardstick is not all exact zeros and ones); float16 stops at its range, 6e4. Columns 64 take
+# the 16-byte kernels, 63 the scalar ones.
+LARGE_MAGNITUDE = 1e4
+
+
+def large_inputs(shape, dtype):
+    x, bias, grad_y = inputs(shape, dtype)
+    column_scale = torch.ones(shape[-1], dtype=FP64, device="cuda")
+    column_scale[::2] = LARGE_MAGNITUDE
+    wide = x.double() * column_scale
+    return (wide.clamp(-6e4, 6e4) if dtype == FP16 else wide).to(dtype), bias, grad_y
+
+
+def _large_params():
+    return [pytest.param(op, shape, dtype, form, id=f"{op}-{shape_id(shape)}-{dtype_name(dtype)}-{form}",
+                         marks=harness.tasks(*(forward_tasks(shape[-1], dtype) if op == "forward" else
+                                               ("lab06.1", "lab06.4"))))
+            for op in ("forward", "backward") for shape in ((33, 64), (33, 63)) for dtype in DTYPES for form in FORMS]
+
+
+@requires_gpu
+@pytest.mark.parametrize("op, shape, dtype, approximate", _large_params())
+def test_large_magnitudes(op, shape, dtype, approximate):
+    x, bias, grad_y = large_inputs(shape, dtype)
+    what = ", every other column of x ~1e4"
+    if op == "forward":
+        case = forward_case(x, dtype, approximate) + what
+        check_forward(forward(x, bias, approximate, case=case), x, bias, approximate, case=case)
+        return
+    case = backward_case(x, dtype, approximate) + what
+    grad_x, grad_bias = backward(grad_y, x, bias, approximate, case=case)
+    check_backward(grad_x, grad_bias, grad_y, x, bias, approximate, case=case)
 
 
 @requires_gpu
@@ -1062,6 +1123,11 @@ MUTANTS = [
                    "double erf_of(double v) { return erff(v); }", tests="test_forward and float64 and none",
                    expect="elements wrong"),
     # GELU'(u) = Phi(u) + u phi(u): the product rule's second term forgotten.
+    # tanh by its definition, (e^2k - 1) / (e^2k + 1) (issue 34, class b): the same numbers for |u| up to ~10,
+    # inf / inf = NaN past it (e^2k overflows float32 for u > ~11).
+    harness.Mutant("tanh-by-its-definition", "gelu.cuh", "return u * sigmoid_2k(k).value;",
+                   "return F(0.5) * u * (F(1) + (exp_of(F(2) * k) - F(1)) / (exp_of(F(2) * k) + F(1)));",
+                   tests="test_large_magnitudes and forward and tanh", expect="elements wrong"),
     harness.Mutant("derivative-missing-u-phi", "gelu.cuh", "    return cdf + u * pdf;", "    return cdf;",
                    tests="test_backward and float32 and none", expect="elements wrong"),
     harness.Mutant("grad-bias-from-one-chunk", "backward.cu", "for (int64_t k = row_lane; k < chunks; k += kRowLanes)",

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from harness import notebooks, random_tensor, requires_gpu, tolerance
+from harness import inputs, notebooks, random_tensor, requires_gpu, special_rows, stress, tolerance
 from harness.check import (
     check_placement,
     column_sum,
@@ -60,6 +60,7 @@ from harness.check import (
     shape_id,
     skip_without_two_gpus,
 )
+from harness.inputs import Arg
 
 LAB = harness.lab("07")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -707,7 +708,8 @@ def test_triton_op_is_registered():
 @harness.reference_check  # the ops' bodies outside the kernels (outputs, grid, checks) are given
 def test_triton_fake_shapes(shape, dtype):
     """On fake tensors (FakeTensorMode: metadata only, as torch.compile traces), the ops give outputs of the right
-    shapes and dtypes without launching anything: what lets torch.compile plan a graph around them."""
+    shapes, dtypes and (contiguous) strides without launching anything: what lets torch.compile plan a graph around
+    them."""
     triton_module()
     n = shape[-1]
     with _fake_mode():
@@ -719,9 +721,48 @@ def test_triton_fake_shapes(shape, dtype):
     for name, out, want_shape, want_dtype in (("y", y, shape, dtype), ("rstd", rstd, shape[:-1], FP32),
                                               ("grad_x", grad_x, shape, dtype), ("grad_weight", grad_weight, (n,),
                                                                                  dtype)):
-        assert tuple(out.shape) == tuple(want_shape) and out.dtype == want_dtype and out.device.type == "cuda", (
-            f"{case}: {name} is {dtype_name(out.dtype)}{list(out.shape)} on {out.device}, expected "
-            f"{dtype_name(want_dtype)}{list(want_shape)} on cuda")
+        want_strides = torch.empty(want_shape, device="meta").stride()
+        assert (tuple(out.shape) == tuple(want_shape) and out.dtype == want_dtype and out.device.type == "cuda"
+                and out.stride() == want_strides), (
+            f"{case}: {name} is {dtype_name(out.dtype)}{list(out.shape)} strides {list(out.stride())} on {out.device}, "
+            f"expected {dtype_name(want_dtype)}{list(want_shape)} strides {list(want_strides)} on cuda")
+
+
+def _metadata(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.dtype, t.storage_offset()
+
+
+# Inputs the ops take whose layout is not the plain one (issue 34, class c): a size-1 dimension with a stride of its own
+# (still contiguous), a weight that starts inside its storage, a 3-D x.
+def _odd_layout_inputs(dtype):
+    x = torch.randn(2, 7, 1, 33, device="cuda").to(dtype).as_strided((2, 7, 1, 33), (231, 33, 5, 1))
+    weight = torch.randn(40, device="cuda").to(dtype)[5:38]
+    return x, weight, torch.randn(2, 7, 1, 33, device="cuda").to(dtype)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", TRITON_DTYPES, ids=dtype_name)
+@harness.tasks("lab07.8")
+def test_triton_fake_matches_real(dtype):
+    """The ops on fake copies of real inputs (FakeTensorMode.from_tensor, as torch.compile sees them) give outputs of
+    the real ones' shapes, strides, dtypes and storage offsets, on inputs of an unusual but accepted layout."""
+    triton_module()
+    x, weight, grad_y = _odd_layout_inputs(dtype)
+    ops = torch.ops.course07
+    real_y, real_rstd = _student_triton("rms_norm_fwd", lambda: ops.rms_norm_fwd(x, weight, EPS))
+    real = (real_y, real_rstd, *_student_triton("rms_norm_bwd", lambda: ops.rms_norm_bwd(grad_y, x, weight,
+                                                                                         real_rstd)))
+    with _fake_mode() as mode:
+        fx, fw, fg = (mode.from_tensor(t) for t in (x, weight, grad_y))
+        fake_y, fake_rstd = ops.rms_norm_fwd(fx, fw, EPS)
+        fake = (fake_y, fake_rstd, *ops.rms_norm_bwd(fg, fx, fw, fake_rstd))
+    case = f"course07::rms_norm_fwd / rms_norm_bwd of x {list(x.shape)} strides {list(x.stride())} {dtype_name(dtype)}"
+    for name, r, f in zip(("y", "rstd", "grad_x", "grad_weight"), real, fake):
+        if _metadata(r) != _metadata(f):
+            raise harness.GradeFailure(f"{case}: {name} on the GPU is (shape, strides, dtype, offset) {_metadata(r)}, "
+                                       f"on fake tensors {_metadata(f)}: torch.compile plans with the fake's\n  hint: "
+                                       "allocate outputs the same way whatever the tensors are (torch.empty_like(x) "
+                                       "of the checked, contiguous x; no branch on is_fake)")
 
 
 @harness.reference_check  # the ops' checks are given
@@ -856,59 +897,40 @@ def test_softmax_3d(shape, dtype, path):
     check_softmax(softmax(x, path, case=case), x, case=case, hint=hint)
 
 
-# Row patterns, each a case of its own (a failure names the pattern). 'large': |x| up to ~1e4 (float32, float16),
-# ~1e30 (bfloat16): exp(x) overflows unless the max is subtracted first. 'ascending': every row sorted, so the
-# running max of each thread rises at every element and the online recurrence must rescale its sum every time.
-# 'one finite': every element -inf but one (a one-hot; a -inf part merged with another gives NaN without
-# shifted_exp's guard). 'masked': about half of each row -inf, as an attention mask. 'constant': rows of one value
-# (1e4, -1e4, 0, ...): uniform 1/n. 'all -inf row': row 1 entirely -inf: NaN, as torch.softmax gives; the other
-# rows finite and right.
-SOFTMAX_PATTERNS = ["large", "ascending", "one finite", "masked", "constant", "all -inf row"]
-LARGE_SCALE = {FP32: 1e4, FP16: 1e4, BF16: 1e30}
+# Row patterns (harness.special_rows), each a case of its own (a failure names the pattern): 'large' |x| ~1e4 (~1e30
+# in bfloat16: exp(x) overflows unless the max is subtracted first), 'ascending' (the online recurrence rescales its
+# sum at every element), 'one finite' and 'masked' (-inf parts merged need shifted_exp's guard), 'constant' (uniform
+# 1/n), 'all -inf row' (row 1 NaN, as torch.softmax gives; the other rows finite and right).
+SOFTMAX_PATTERNS = special_rows.PATTERNS
 PATTERN_SHAPE = (6, 4097)  # a block per row (32 elements a thread), and 2 streaming batches of 4096 packs
+# float64's register path takes rows of up to 4096: its register cases have rows of 4095 (a block a row, scalar loads).
+FP64_REGISTER_PATTERN_SHAPE = (6, 4095)
 
 
 def softmax_pattern(pattern, shape, dtype):
-    rows, n = shape
-    inf = float("inf")
-    x = torch.randn(shape, device="cuda") * SOFTMAX_SCALE
-    if pattern == "large":
-        x = torch.randn(shape, device="cuda") * LARGE_SCALE[dtype]
-        if dtype == FP16:
-            x = x.clamp(-6e4, 6e4)
-    elif pattern == "ascending":
-        x = x.sort(-1).values
-    elif pattern == "one finite":
-        hot = torch.randint(0, n, (rows,), device="cuda")
-        hot[0], hot[-1] = 0, n - 1  # the first and the last column among them
-        values = x[torch.arange(rows, device="cuda"), hot]
-        x = torch.full(shape, -inf, device="cuda")
-        x[torch.arange(rows, device="cuda"), hot] = values
-    elif pattern == "masked":
-        x[torch.rand(shape, device="cuda") < 0.5] = -inf
-        x[:, n // 2] = 1.0  # at least one finite element a row
-    elif pattern == "constant":
-        levels = torch.tensor([1e4, -1e4, 0.0, 3.5, -60000.0, 1.0], device="cuda")
-        levels = levels[torch.arange(rows, device="cuda") % len(levels)]
-        x = levels.unsqueeze(-1).expand(shape).contiguous()
-    elif pattern == "all -inf row":
-        x[1] = -inf
-    return x.to(dtype)
+    return special_rows.special_rows(pattern, shape, dtype, scale=SOFTMAX_SCALE)
 
 
-# The on-chip forward (float32): rows long enough to reach its shared-memory half, ending inside its last slot row
-# (as the probe's 5 x 65532).
-ON_CHIP_PATTERN_SHAPE = (6, 65532)
+# The on-chip forward: rows long enough to reach its shared-memory half, ending inside its last slot row (as the
+# probe's 5 x 65532); float64's half as long.
+ON_CHIP_PATTERN_SHAPE = {FP32: (6, 65532), FP64: (6, 32764)}
+
+
+def pattern_shape(path, dtype):
+    if path == "on_chip":
+        return ON_CHIP_PATTERN_SHAPE[dtype]
+    return FP64_REGISTER_PATTERN_SHAPE if (path, dtype) == ("registers", FP64) else PATTERN_SHAPE
 
 
 @requires_gpu
 @pytest.mark.parametrize("path, dtype", [
     *(pytest.param(path, dtype, id=f"{path}-{dtype_name(dtype)}", marks=harness.tasks(task))
-      for path, task in (("registers", "lab07.1"), ("streaming", "lab07.2")) for dtype in (FP32, FP16, BF16)),
-    pytest.param("on_chip", FP32, id="on_chip-float32", marks=harness.tasks("lab07.2"))])
+      for path, task in (("registers", "lab07.1"), ("streaming", "lab07.2")) for dtype in (FP32, FP16, BF16, FP64)),
+    *(pytest.param("on_chip", dtype, id=f"on_chip-{dtype_name(dtype)}", marks=harness.tasks("lab07.2"))
+      for dtype in (FP32, FP64))])
 @pytest.mark.parametrize("pattern", SOFTMAX_PATTERNS)
 def test_softmax_special_values(pattern, path, dtype):
-    shape = ON_CHIP_PATTERN_SHAPE if path == "on_chip" else PATTERN_SHAPE
+    shape = pattern_shape(path, dtype)
     if path == "on_chip":
         require_on_chip("softmax", shape[-1], dtype)
     x = softmax_pattern(pattern, shape, dtype)
@@ -953,6 +975,25 @@ def test_softmax_backward_3d(shape, dtype, path):
     case = case_of("softmax_backward", y, path)
     check_softmax_backward(softmax_backward(grad_y, y, path, case=case), grad_y, y, case=case,
                            hint=softmax_backward_hint(shape[-1], dtype, path))
+
+
+# The backward at the probabilities of the special rows (all but the all -inf one, whose y is NaN): exact zeros and
+# ones (one-hot and masked rows, the large rows' near one-hot ones), uniform rows. grad_x = y (grad_y - dot) has no
+# exp or log in it; one computed through log(y) (0 gives -inf) or a division by y fails here.
+BACKWARD_PATTERNS = [p for p in SOFTMAX_PATTERNS if p != "all -inf row"]
+
+
+@requires_gpu
+@pytest.mark.parametrize("path, dtype", [pytest.param(path, dtype, id=f"{path}-{dtype_name(dtype)}",
+                                                      marks=harness.tasks("lab07.3"))
+                                         for path in ("registers", "streaming") for dtype in (FP32, BF16)])
+@pytest.mark.parametrize("pattern", BACKWARD_PATTERNS)
+def test_softmax_backward_special_values(pattern, path, dtype):
+    y = torch.softmax(softmax_pattern(pattern, PATTERN_SHAPE, FP64), -1).to(dtype)
+    grad_y = randn(PATTERN_SHAPE, dtype)
+    case = case_of("softmax_backward", y, path, extra=f", y = softmax of rows '{pattern}'")
+    grad_x = softmax_backward(grad_y, y, path, case=case)
+    check_softmax_backward(grad_x, grad_y, y, case=case)
 
 
 # ---------------------------------------------------------------- GPU: softmax, the on-chip path's edges
@@ -1568,6 +1609,51 @@ def test_triton_grad_weight_is_bitwise_deterministic():
                 "program order (no tl.atomic_add)")
 
 
+# The Triton kernels, again and again (issue 34, class d): a dropped barrier (the chunked backward's tl.debug_barrier()
+# between each row's dot, stored by one thread, and its loads by every thread of the program) is a race that one run
+# rarely shows. Each case runs TRITON_STRESS_RUNS times, every output and scratch buffer from a poisoned pool (a value
+# read before it is written is NaN), each run bitwise equal to the first (no atomics, a fixed split into programs:
+# nothing may depend on timing) and the first against float64. Cases: the chunked paths (n past MAX_BLOCK_FWD and
+# MAX_BLOCK_BWD) with one row a program (512 programs, each row's dot read right after its store) and with 3 rows a
+# program; the register path with 17 rows a program.
+TRITON_STRESS_CASES = [((512, 20000), FP32), ((1500, 9000), BF16), ((8197, 64), BF16)]
+TRITON_STRESS_RUNS = 16
+RACE_HINT = ("a value one thread of a program stores and others load needs a tl.debug_barrier() between (the chunked "
+             "backward's dot, stored once a row, read by every thread of the program); NaN: scratch read before it was "
+             "written (its memory starts as NaN here); " + TRITON_HINT)
+
+
+@requires_gpu
+@LARGE  # 16 runs of each case: long under compute-sanitizer, whose racecheck sees shared memory, not these races
+@pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
+                                          for s, d in TRITON_STRESS_CASES])
+@harness.tasks("lab07.8")
+def test_triton_stress(shape, dtype):
+    module = triton_module()
+    ops = torch.ops.course07
+    x, weight, grad_y = rms_inputs(shape, dtype)
+    rows, n = rows_of(shape), shape[-1]
+    per_program = -(-rows // module.MAX_PARTIALS)
+    partials_bytes = -(-rows // per_program) * n * 4
+    rows_text = "1 row" if per_program == 1 else f"{per_program} rows"
+    case = f"course07 RMSNorm of x {shape_id(shape)} {dtype_name(dtype)} ({rows_text} a program)"
+    first = None
+    for run in range(1, TRITON_STRESS_RUNS + 1):
+        y, rstd = stress.run_poisoned(lambda: ops.rms_norm_fwd(x, weight, EPS), nbytes(x))
+        grad_x, grad_weight = stress.run_poisoned(lambda: ops.rms_norm_bwd(grad_y, x, weight, rstd), nbytes(x),
+                                                  partials_bytes)
+        outs = {"y": y, "rstd": rstd, "grad_x": grad_x, "grad_weight": grad_weight}
+        if first is None:
+            check_rms_norm(y, rstd, x, weight, EPS, case=f"{case}, run 1", hint=TRITON_HINT)
+            check_rms_norm_backward(grad_x, grad_weight, grad_y, x, weight, EPS, case=f"{case}, run 1",
+                                    hint=RACE_HINT, grad_weight_hint=TRITON_HINT)
+            first = outs
+            continue
+        for name, out in outs.items():
+            stress.assert_bitwise_equal(name, out, first[name], case=f"{case}, run {run} of {TRITON_STRESS_RUNS}",
+                                        hint=RACE_HINT)
+
+
 class _SmallModel(torch.nn.Module):
     def __init__(self, norm):
         super().__init__()
@@ -1671,6 +1757,70 @@ def test_input_errors():
     ]
     for fn, words, what in cases:
         LAB.assert_raises_clearly(fn, must_mention=words, case=what)
+
+
+# Every tensor argument of every op, one at a time (harness.inputs): what each wrapper promises to refuse of it. weight
+# and rstd are copied when strided (N or rows elements beside the whole x), so a strided one is accepted; x, y and
+# grad_y are refused. The argument that sets the dtype is given int32, the others another supported dtype.
+_SETS_DTYPE = {"dtype": ("dtype", "torch.float32")}
+_X = Arg("x", dtype=torch.int32, shape=lambda t: t[..., :-1], words=_SETS_DTYPE)
+_FOLLOWER = {"dtype": FP64, "shape": lambda t: t[:8]}  # grad_y beside x or y
+_WEIGHT = Arg("weight", dtype=BF16, shape=lambda t: t[:-1], strided=False)
+_RSTD = Arg("rstd", dtype=FP64, shape=lambda t: t[:8], strided=False)
+ARGUMENTS = {
+    "softmax": (lambda m: m.softmax, ("x",), [Arg("x", dtype=torch.int32, shape=lambda t: t[0, 0],
+                                                  words={**_SETS_DTYPE, "shape": ("dimension",)})]),
+    "softmax_backward": (lambda m: m.softmax_backward, ("grad_y", "y"),
+                         [Arg("grad_y", **_FOLLOWER), Arg("y", dtype=torch.int32, shape=lambda t: t[:8],
+                                                          words=_SETS_DTYPE)]),
+    "rms_norm": (lambda m: m.rms_norm, ("x", "weight"), [_X, _WEIGHT]),
+    "rms_norm_backward": (lambda m: m.rms_norm_backward, ("grad_y", "x", "weight", "rstd"),
+                          [Arg("grad_y", **_FOLLOWER), _X, _WEIGHT, _RSTD]),
+}
+
+
+def argument_values(names) -> dict:
+    """Valid arguments of an op, by name, in its order: x, y, grad_y 16 x 32 float32, weight (32,), rstd (16,)."""
+    x, weight, grad_y = rms_inputs((16, 32), FP32)
+    made = {"x": x, "y": torch.softmax(x, -1), "grad_y": grad_y, "weight": weight, "rstd": reference_rstd(x, EPS)}
+    return {name: made[name] for name in names}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", list(ARGUMENTS))
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(op, real):
+    """Each tensor argument refused on its own, the others valid: on the CPU, of another dtype, of a wrong shape,
+    strided where the op reads it flat. On fake tensors (any machine) and on a GPU."""
+    fn, names, specs = ARGUMENTS[op]
+    inputs.assert_each_argument_checked(op, fn(LAB.module), lambda: argument_values(names), specs, real=real)
+
+
+# The Triton op's Python checks (triton_rms_norm.py), the same way: its weight must be contiguous (Triton indexes it
+# flat), rstd is the forward's float32; a tensor on another device than x is refused as such ("same device").
+_TRITON_X = Arg("x", dtype=FP64, shape=lambda t: t[..., :-1], words={"dtype": ("one of", "torch.float32")})
+_TRITON_LIKE_X = {"device": ("same device",), "dtype": ("dtype",)}
+_TRITON_RSTD = Arg("rstd", dtype=FP64, shape=lambda t: t[:8], words={
+    "device": ("forward's", "torch.float32"), "dtype": ("forward's", "torch.float32"), "shape": ("forward's",)})
+TRITON_ARGUMENTS = {
+    "rms_norm_fwd": (("x", "weight"), [_TRITON_X, Arg("weight", dtype=BF16, shape=lambda t: t[:-1],
+                                                       words=_TRITON_LIKE_X)]),
+    "rms_norm_bwd": (("grad_y", "x", "weight", "rstd"),
+                     [Arg("grad_y", dtype=BF16, shape=lambda t: t[:8], words=_TRITON_LIKE_X), _TRITON_X,
+                      Arg("weight", dtype=BF16, shape=lambda t: t[:-1], words=_TRITON_LIKE_X), _TRITON_RSTD]),
+}
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@pytest.mark.parametrize("op", list(TRITON_ARGUMENTS))
+@harness.reference_check  # the ops' checks are given
+def test_triton_each_argument_checked(op, real):
+    """course07::rms_norm_fwd and rms_norm_bwd refuse each bad tensor argument on its own, the others valid."""
+    triton_module()
+    names, specs = TRITON_ARGUMENTS[op]
+    call = getattr(torch.ops.course07, op)
+    with_eps = (lambda *args: call(*args, EPS)) if op == "rms_norm_fwd" else call
+    inputs.assert_each_argument_checked(f"course07::{op}", with_eps, lambda: argument_values(names), specs, real=real)
 
 
 @requires_gpu
@@ -2155,6 +2305,8 @@ test_notebook_is_clean, test_notebook_runs = notebooks.tests_for(LAB)
 
 # ---------------------------------------------------------------- known-wrong variants the grader must fail
 _STREAM_ROW_OFFSETS = "    const T* x_row = x + row * n;\n    T* y_row = y + row * n;\n    MaxSum<C> stats"
+_BACKWARD_CHECKS_X = ('  constexpr const char* op = "rms_norm_backward";\n'
+                      '  const RowPath row_path = parse_path(path, op, false);\n  check_x(x, op, "x");\n')
 MUTANTS = [
     # exp(x) / sum(exp(x)) without the max: the same numbers for small x, inf / inf = NaN once exp overflows (1e4).
     harness.Mutant("no-max-subtraction", "softmax.cu", "slice.v[j][e] = exp_of(slice.v[j][e] - row_max);",
@@ -2249,6 +2401,11 @@ MUTANTS = [
     # Triton (lab07.8): eps dropped from the root (zero rows: rstd = inf), and grad_weight from one program.
     harness.Mutant("triton-eps-dropped", "triton_rms_norm.py", "rstd = tl.rsqrt(sum_sq / N + eps)",
                    "rstd = tl.rsqrt(sum_sq / N)", tests="test_triton_rms_norm_eps", expect="rstd"),
+    # The chunked backward without its barrier (issue 34, class d): threads of a program load each row's dot before
+    # the one thread that stores it has (a stale value: NaN from the poisoned pool). A race: the stress test runs
+    # each case 16 times, one row a program, 512 programs.
+    harness.Mutant("triton-barrier-dropped", "triton_rms_norm.py", "        tl.debug_barrier()\n", "",
+                   tests="test_triton_stress", expect="grad_x"),
     harness.Mutant("triton-grad-weight-from-one-program", "triton_rms_norm.py", "for p in range(0, programs):",
                    "for p in range(0, 1):", tests="test_triton_rms_norm and 1027x64", expect="grad_weight"),
     # autograd.py (lab07.7), caught without a GPU: a transposed grad_y passed on as it is; eps not passed on.
@@ -2259,4 +2416,14 @@ MUTANTS = [
     harness.Mutant("eps-not-passed", "autograd.py", "        y, rstd = ops.rms_norm(x, weight, eps)\n",
                    "        y, rstd = ops.rms_norm(x, weight)\n", tests="test_autograd_on_cpu and rms_norm",
                    expect="elements wrong", needs_gpu=False),
+    # An input check kept for one argument, dropped for another (issue 34, class a), caught on fake tensors without
+    # a GPU: the backward's x never checked (grad_y's checks against it leave a strided or CPU x through), and the
+    # Triton op's weight never checked for contiguity (a strided weight read flat).
+    harness.Mutant("backward-x-unchecked", "wrapper.cpp", _BACKWARD_CHECKS_X, _BACKWARD_CHECKS_X.replace(
+                   '  check_x(x, op, "x");\n', ""), tests="test_each_argument_checked and rms_norm_backward and fake",
+                   expect="rms_norm_backward(x on the CPU", needs_gpu=False),
+    harness.Mutant("triton-weight-contiguity-unchecked", "triton_rms_norm.py",
+                   '    _check_contiguous(op, "weight", weight)\n', "",
+                   tests="test_triton_each_argument_checked and fake", expect="weight a non-contiguous view",
+                   needs_gpu=False),
 ]

@@ -66,6 +66,7 @@ import harness
 from harness import attention, notebooks, requires_gpu, tolerance
 from harness.attention import LAYOUTS, MODEL, blind_rows, describe, golden, make_qkv, randn
 from harness.check import check_placement, dtype_name, first_line, nbytes, run_student
+from harness.inputs import Arg
 
 LAB = harness.lab("08")
 FP32, FP16, BF16, FP64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -384,6 +385,49 @@ def test_refuses_cpu_tensors(op):
     lse = torch.zeros(1, 2, 4)
     LAB.assert_raises_clearly(lambda: _CPU_CALLS[op](LAB.module, q, q, q, q, lse), must_mention=("CUDA",),
                               case=f"{op}(tensors on the CPU)")
+
+
+# Each tensor argument of every rung refused on its own, the others valid (harness.inputs). q sets the dtype (one the
+# rung does not take is refused); k and v must match it, and each other's shape. q, k and v may have any strides but a
+# contiguous last dimension; the tensor-core rungs also read them, and o and grad_o, in 16-byte chunks (a data
+# pointer's alignment: real tensors only). On fake CUDA tensors (no GPU needed) the rungs that read no data pointer
+# in their checks (naive, float32) are checked whole; the tensor-core rungs on a GPU.
+def _qkv_args(rung_dtype, wrong_dtype, aligned):
+    layout = {"strided": True, "aligned": aligned, "words": {"strided": ("stride 1",)}}
+    return [Arg("q", dtype=rung_dtype, shape=lambda t: t[..., :-8], **{**layout, "words": {
+                "strided": ("stride 1",), "shape": ("head_dim",)}}),
+            Arg("k", dtype=wrong_dtype, shape=lambda t: t[:, :-1], **layout),
+            Arg("v", dtype=wrong_dtype, shape=lambda t: t[:, :-1], **layout)]
+
+
+_LIKE_Q = {"dtype": FP16, "shape": lambda t: t[:, :-1], "aligned": True}
+ATTENTION_ARGUMENTS = {  # op: (q's dtype, every argument's name in call order, the specs)
+    "attention_naive": (BF16, ("q", "k", "v"), _qkv_args(FP64, FP16, aligned=False)),
+    "flash_forward_fp32": (FP32, ("q", "k", "v"), _qkv_args(BF16, FP64, aligned=False)),
+    "flash_forward": (BF16, ("q", "k", "v"), _qkv_args(FP32, FP16, aligned=True)),
+    "flash_backward": (BF16, ("grad_o", "q", "k", "v", "o", "lse"),
+                       [Arg("grad_o", **_LIKE_Q), *_qkv_args(FP32, FP16, aligned=True), Arg("o", **_LIKE_Q),
+                        Arg("lse", dtype=FP64, shape=lambda t: t[..., :-1])]),
+}
+_TENSOR_CORE_RUNGS = ("flash_forward", "flash_backward")
+
+
+@pytest.mark.parametrize("op, real", [
+    pytest.param(op, real.values[0], id=f"{op}-{real.id}", marks=real.marks) for op in ATTENTION_ARGUMENTS
+    for real in harness.FAKE_AND_REAL if real.values[0] or op not in _TENSOR_CORE_RUNGS])
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(op, real):
+    if op in _TENSOR_CORE_RUNGS:
+        skip_before_sm80(op)
+    dtype, names, specs = ATTENTION_ARGUMENTS[op]
+
+    def make_args():
+        q, k, v = make_qkv(2, 64, 80, 4, 2, 64, dtype)
+        made = {"q": q, "k": k, "v": v, "o": torch.zeros_like(q), "grad_o": torch.zeros_like(q),
+                "lse": torch.zeros(2, 4, 64, device="cuda")}
+        return {name: made[name] for name in names}
+
+    harness.inputs.assert_each_argument_checked(op, getattr(LAB.module, op), make_args, specs, real=real)
 
 
 # ---------------------------------------------------------------- the CPU model (flash_model.py), no GPU needed
@@ -919,25 +963,26 @@ def _case_param(seqlens, dtype, head_dim, causal, tasks, extra_marks=()):
 
 
 def run_forward_case(op, rung, seqlens, dtype, head_dim, causal, *, heads=None, scale=None, layout="contiguous",
-                     hint):
+                     hint, make=make_qkv, what=""):
+    """One forward call on fresh inputs (make: make_qkv's signature; `what` says how they differ from its)."""
     batch, heads_q, heads_kv = heads or main_heads(seqlens)
-    q, k, v = make_qkv(batch, *seqlens, heads_q, heads_kv, head_dim, dtype, layout)
-    case = f"{op} of {describe(q, k, causal=causal, scale=scale, layout=layout)}"
+    q, k, v = make(batch, *seqlens, heads_q, heads_kv, head_dim, dtype, layout)
+    case = f"{op} of {describe(q, k, causal=causal, scale=scale, layout=layout)}{what}"
     o, lse = forward_op(op, q, k, v, causal, scale, case=case)
     check_forward(o, lse, q, k, v, causal=causal, scale=scale, rung=rung, case=case, hint=hint)
 
 
 def run_backward_case(seqlens, dtype, head_dim, causal, *, heads=None, scale=None, layout="contiguous",
-                      deterministic=False):
+                      deterministic=False, make=make_qkv, what=""):
     """flash_backward on fresh inputs, with o and lse from PyTorch and the golden (a wrong forward fails its own
     tests, not this one); returns what the check needs to repeat the call."""
     batch, heads_q, heads_kv = heads or main_heads(seqlens)
-    q, k, v = make_qkv(batch, *seqlens, heads_q, heads_kv, head_dim, dtype, layout)
+    q, k, v = make(batch, *seqlens, heads_q, heads_kv, head_dim, dtype, layout)
     grad_o = randn(q.shape, dtype)
     o = attention.same_dtype_attention(q, k, v, causal, scale).contiguous()
     gold = golden(q, k, v, causal, scale, grad_o=grad_o, o=o)
     lse = gold["lse"].float()
-    case = f"flash_backward of {describe(q, k, causal=causal, scale=scale, layout=layout)}"
+    case = f"flash_backward of {describe(q, k, causal=causal, scale=scale, layout=layout)}{what}"
     if deterministic:
         case += ", deterministic=True (dQ by the second pass)"
     grads = backward_op(grad_o, q, k, v, o, lse, causal, scale, case=case, deterministic=deterministic)
@@ -1122,6 +1167,38 @@ def test_scale(op, scale):
     else:
         run_forward_case(op, rung, (113, 203), dtype, head_dim, True, scale=scale,
                          hint=hint + "; scale is an argument: S = scale q k^T")
+
+
+# Scores of about +-1e4 (issue 34, class b): the online softmax subtracts the running max before each exp (exp(89)
+# overflows float32, and a row whose scores are all -1e4 underflows to 0 / 0), and the backward's exp(s - lse) is one
+# exp, not exp(s) / exp(lse). q and k hold small integers (-4 .. 4, exact in every dtype), so each q . k is an exact
+# integer in float32 and, with scale 64 (a power of two), each score exact: two scores tie exactly or differ by 64 or
+# more (exp(-64) adds nothing), and what is left to compare is the kernels' own rounding, as with ordinary scores. At
+# head_dim 128 a row's largest score is ~1e4 (64 x ~2.7 x 75, the std of q . k).
+LARGE_SCORE_SCALE = 64.0
+
+
+def integer_qk(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, layout="contiguous"):
+    """make_qkv's q, k, v with q and k drawn from the integers -4 .. 4 (v ~ N(0, 1)); contiguous only."""
+    q = torch.randint(-4, 5, (batch, seqlen_q, heads_q, head_dim), device="cuda").to(dtype)
+    k = torch.randint(-4, 5, (batch, seqlen_k, heads_kv, head_dim), device="cuda").to(dtype)
+    return q, k, randn((batch, seqlen_k, heads_kv, head_dim), dtype)
+
+
+@requires_gpu
+@pytest.mark.parametrize("op", [pytest.param(op, marks=harness.tasks(*SCALE_RUNGS[op][3])) for op in SCALE_RUNGS])
+def test_large_scores(op):
+    """Every rung at 113 x 203, causal, with scores of up to ~1e4 (exact: integer q and k, scale 64)."""
+    rung, dtype, head_dim, _, hint = SCALE_RUNGS[op]
+    if rung in ("forward", "backward"):
+        skip_before_sm80(op)
+    what = ", integer q and k (scores up to ~1e4)"
+    if op == "flash_backward":
+        run_backward_case((113, 203), dtype, head_dim, True, scale=LARGE_SCORE_SCALE, make=integer_qk, what=what)
+    else:
+        run_forward_case(op, rung, (113, 203), dtype, head_dim, True, scale=LARGE_SCORE_SCALE, make=integer_qk,
+                         what=what, hint=hint + "; subtract the row's running max before every exp (exp(89) is inf "
+                         "in float32), and never compute exp(s) and exp(-m) apart")
 
 
 # ---------------------------------------------------------------- GPU: empty sizes
@@ -1747,6 +1824,18 @@ MUTANTS = [
     harness.Mutant("naive-inf-guard-removed", "naive.cu", "  return x == -INFINITY ? 0.0f : expf(x - m);\n",
                    "  return expf(x - m);\n",
                    tests="test_naive and 203x113 and not noncausal and not heads", expect="see no key"),
+    # exp(s - m) computed as exp(s) * exp(-m) (issue 34, class b), in each forward rung: the same numbers for scores
+    # of a few units (and for test_scale's ~30), inf * 0 = NaN once they reach ~1e4.
+    harness.Mutant("naive-exp-unshifted", "naive.cu", "  return x == -INFINITY ? 0.0f : expf(x - m);\n",
+                   "  return x == -INFINITY ? 0.0f : expf(x) * expf(-m);\n",
+                   tests="test_large_scores and attention_naive", expect="elements wrong"),
+    harness.Mutant("fp32-exp-unshifted", "flash_fp32.cu", "exp2f(fmaf(s[i][t], scale_log2, -offset));",
+                   "exp2f(s[i][t] * scale_log2) * exp2f(-offset);", tests="test_large_scores and fp32",
+                   expect="elements wrong"),
+    harness.Mutant("forward-exp-unshifted", "flash_forward.cu",
+                   "exp2_approx(fmaf(s[n][r], scale_log2, -offset[r / 2]));",
+                   "exp2_approx(s[n][r] * scale_log2) * exp2_approx(-offset[r / 2]);",
+                   tests="test_large_scores and flash_forward and not fp32", expect="elements wrong"),
     # Wrong GQA head map: query head h reads key/value head h % heads_kv instead of h / (heads_q / heads_kv). The
     # same for MHA and for one key/value head; 8 query heads on 2 differ at every odd head.
     harness.Mutant("forward-gqa-head-map", "flash_forward.cu",

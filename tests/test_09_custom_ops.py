@@ -1007,6 +1007,13 @@ MUTANTS = [
     harness.Mutant("fake-lse-shape", "ops.py", "q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)",
                    "q.new_empty((batch, seqlen_q, heads_q), dtype=torch.float32)",
                    tests="test_fakes_on_cpu and flash_attention", expect="lse is", needs_gpu=False),
+    # The fake's o from torch.empty_like(q) (issue 34, class c): for a q of (batch, heads, seq, dim) storage seen as
+    # (batch, seq, heads, dim) it keeps q's strides, while the CUDA op returns a contiguous o: torch.compile would
+    # plan the ops after it for the wrong layout. Caught without a GPU (the fake against the wrappers' contiguous
+    # outputs), and on a GPU by opcheck's test_faketensor and test_fakes_match_real_ops.
+    harness.Mutant("fake-o-keeps-q-layout", "ops.py", "return _contiguous_like(q), q.new_empty(",
+                   "return torch.empty_like(q), q.new_empty(", tests="test_fakes_on_cpu and heads-first",
+                   expect="o is", needs_gpu=False),
     # rms_norm_out's schema without its mutation annotations: functionalization, torch.compile and CUDA graphs would
     # take out and rstd for inputs it only reads. Caught without a GPU (the schema test), and on a GPU by opcheck's
     # test_schema ("mutated but not marked as mutable").

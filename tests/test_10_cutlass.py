@@ -26,6 +26,7 @@ import harness
 from harness import build as lab_build
 from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance, trees
 from harness.check import pool_bytes, shape_id
+from harness.inputs import Arg
 
 LAB = harness.lab("10")
 BF16 = torch.bfloat16
@@ -155,6 +156,28 @@ def test_refuses_cpu_tensors():
     x, w, b = torch.ones(4, 8, dtype=BF16), torch.ones(8, 8, dtype=BF16), torch.ones(8, dtype=BF16)
     LAB.assert_raises_clearly(lambda: LAB.module.gemm_bias_gelu(x, w, b), must_mention=("CUDA",),
                               case="gemm_bias_gelu(x, weight, bias on the CPU)")
+
+
+# Each tensor argument refused on its own, the others valid (harness.inputs): on fake CUDA tensors (no GPU needed)
+# and on real ones. Every operand is bfloat16 and 16-byte aligned (a data pointer: real tensors only). out's checks
+# come after the GPU check (an sm_90a kernel) and x's alignment: checked where the kernel runs, on a GPU.
+_WRONG_K = {"shape": lambda t: t[..., :-8]}  # K = 56: a multiple of 8 that does not match the others'
+GEMM_ARGUMENTS = [Arg("x", dtype=torch.float16, aligned=True, **_WRONG_K),
+                  Arg("weight", dtype=torch.float32, aligned=True, **_WRONG_K),
+                  Arg("bias", dtype=torch.float32, shape=lambda t: t[:-8], aligned=True)]
+OUT_ARGUMENT = Arg("out", dtype=torch.float16, shape=lambda t: t[:, :-8], aligned=True)
+
+
+@pytest.mark.parametrize("real", harness.FAKE_AND_REAL)
+@harness.reference_check  # the wrapper's checks are given
+def test_each_argument_checked(real):
+    def make_args():
+        x, weight, bias = make_inputs(16, 32, 64)
+        return {"x": x, "weight": weight, "bias": bias, "out": torch.empty(16, 32, dtype=BF16, device="cuda")}
+
+    specs = GEMM_ARGUMENTS + ([OUT_ARGUMENT] if real and LAB.module.available() else [])
+    harness.inputs.assert_each_argument_checked("gemm_bias_gelu", LAB.module.gemm_bias_gelu, make_args, specs,
+                                                real=real)
 
 
 # ---------------------------------------------------------------- GPU: correctness

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from . import build as _build
-from . import calls, check, perf, trees
+from . import calls, check, inputs, perf, trees
 from .check import GradeFailure, poison_allocator, poisoned, random_tensor, tolerance
 from .mutants import Mutant
 from .todos import ALL, reference_check, tasks
@@ -26,6 +26,9 @@ NO_GPU_REASON = (
     "on a CUDA GPU (grade there, or on Colab)"
 )
 requires_gpu = pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)
+# The two runs of an input-check test (harness.inputs), as the parameter `real`: on fake CUDA tensors (any machine:
+# the wrappers' checks read only metadata) and on real ones (a GPU; alignment too).
+FAKE_AND_REAL = [pytest.param(False, id="fake"), pytest.param(True, id="cuda", marks=requires_gpu)]
 # For checks of outputs replayed from a CUDA graph (LabHandle.capture_on_current_stream).
 STREAM_HINT = ("a kernel launched on the legacy default stream (<<<blocks, threads>>> with no stream) instead of the "
                "current stream is not part of a CUDA graph, and outside graphs runs unordered with the PyTorch work "
@@ -164,7 +167,7 @@ def lab(number: str) -> LabHandle:
 
 
 __all__ = [
-    "ALL", "PAST_INT32", "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator", "poisoned",
-    "random_tensor", "reference_check", "require_gpu_memory", "requires_gpu", "STREAM_HINT", "tasks", "tolerance",
-    "trees", "perf", "check",
+    "ALL", "FAKE_AND_REAL", "PAST_INT32", "GradeFailure", "HAS_GPU", "Mutant", "LabHandle", "lab", "poison_allocator",
+    "poisoned", "random_tensor", "reference_check", "require_gpu_memory", "requires_gpu", "STREAM_HINT", "tasks",
+    "tolerance", "trees", "perf", "check", "inputs",
 ]
