@@ -400,30 +400,3 @@ def test_a_build_the_machine_failed_is_compiled_once_more_then_called_the_grader
     with pytest.raises(RuntimeError, match="is undefined"):
         build._compile_once_more_if_the_machine_failed(lab, tree, False, None)
     assert attempts == ["8"], "a compile error must not be retried"
-
-
-def test_a_notebook_whose_kernel_never_starts_twice_is_not_checked(monkeypatch):
-    """harness.notebooks.execute: a kernel that never answers is started once more; a second such failure skips the
-    test as not checked (the grader's tool), never fails it; a cell's error still fails it."""
-    nbclient = pytest.importorskip("nbclient")
-    from harness import notebooks
-
-    starts = []
-
-    class NeverStarts:
-        def __init__(self, *args, **kwargs):
-            starts.append(1)
-
-        def execute(self):
-            raise RuntimeError("Kernel didn't respond in 60 seconds")
-
-    monkeypatch.setattr(nbclient, "NotebookClient", NeverStarts)
-    from harness import jit
-
-    for key in ("COURSE_ROOT", jit.BUILD_DIR_ENV, jit.MODULE_ENV):  # execute() sets them: restored after the test
-        monkeypatch.setenv(key, "")
-    lab, tree = trees.find_lab("00"), trees.resolve_tree("solutions")
-    with pytest.raises(pytest.skip.Exception, match="not checked"):
-        notebooks.execute(lab, tree)
-    assert len(starts) == 2
-

@@ -342,10 +342,11 @@ def test_sanitizer_checks_every_kernel_of_the_lab(lab, tree):
 
 
 # ---------------------------------------------------------------- the notebook runner
-@pytest.mark.parametrize("failures, expect_calls, expect_error", [(0, 1, None), (1, 2, None), (2, 2, "didn't respond")])
-def test_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch, failures, expect_calls, expect_error):
+@pytest.mark.parametrize("failures, expect_calls, expect_skip", [(0, 1, False), (1, 2, False), (2, 2, True)])
+def test_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch, failures, expect_calls, expect_skip):
     """A kernel that does not answer (two kernels started at once took one TCP port: 1 of 10 parallel graders on the
-    GPU box) gets one more start; a second failure, or a failing cell, is reported as it is."""
+    GPU box) gets one more start; a second failure skips the test as not checked (the grader's tool failed: no cell
+    ran), never fails it."""
     nbclient = pytest.importorskip("nbclient")
     from harness import notebooks
 
@@ -364,8 +365,8 @@ def test_notebook_kernel_that_never_answers_is_started_once_more(monkeypatch, fa
     for name in ("COURSE_ROOT", jit.BUILD_DIR_ENV, jit.MODULE_ENV):  # execute() sets them: restored after the test
         monkeypatch.setenv(name, os.environ.get(name, ""))
     lab = trees.find_lab("00")
-    if expect_error:
-        with pytest.raises(RuntimeError, match=expect_error):
+    if expect_skip:
+        with pytest.raises(pytest.skip.Exception, match="not checked: the notebook's kernel did not start"):
             notebooks.execute(lab, trees.resolve_tree("solutions"))
     else:
         notebooks.execute(lab, trees.resolve_tree("solutions"))
@@ -706,7 +707,7 @@ def test_a_far_too_slow_kernel_is_timed_a_few_times(monkeypatch, first, reps):
 
     asked = []
 
-    def fake(fns, *, warmup, reps, flush_l2):
+    def fake(fns, *, warmup, reps, flush_l2, before_rep=None):
         asked.append(reps)
         return list(first)
 
