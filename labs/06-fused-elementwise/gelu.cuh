@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/gelu.cuh by `./course labs` [lab-hash c49f8dbe5150].
+// Lab skeleton generated from solutions/06-fused-elementwise/gelu.cuh by `./course labs` [lab-hash 3d4cb680042c].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06's device math, shared by the forward and the backward: GELU with its derivative in both
@@ -124,7 +124,8 @@ __device__ __forceinline__ float gelu_erf_exp2_grad(float u) {
 }
 
 // The element types whose erf form is gelu_erf_exp2: the 16-bit ones, whose one rounding at the
-// store (2^-9 or 2^-12 relative) is far coarser than either formula's float error.
+// store (up to 2^-8 or 2^-11 relative: the unit roundoff of 8 and 11 significant bits) is far coarser than
+// either formula's float error.
 template <typename T>
 constexpr bool kExp2Erf = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
 // --8<-- [end:gelu_exp2]

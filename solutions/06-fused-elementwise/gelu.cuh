@@ -121,7 +121,8 @@ __device__ __forceinline__ float gelu_erf_exp2_grad(float u) {
 }
 
 // The element types whose erf form is gelu_erf_exp2: the 16-bit ones, whose one rounding at the
-// store (2^-9 or 2^-12 relative) is far coarser than either formula's float error.
+// store (up to 2^-8 or 2^-11 relative: the unit roundoff of 8 and 11 significant bits) is far coarser than
+// either formula's float error.
 template <typename T>
 constexpr bool kExp2Erf = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
 // --8<-- [end:gelu_exp2]
