@@ -498,6 +498,24 @@ def test_sanitizer_retry_does_not_count_pytorchs_kernels(monkeypatch, tmp_path):
     assert sanitizer.is_clean(rows[0]) and rows[0]["foreign_findings"], rows[0]
 
 
+def test_labs_check_finds_a_solution_body_in_a_given_file(tmp_path):
+    """labgen.leaks: a task's SOLUTION body copied into another file of labs/ (lines in order, a line or two between
+    them allowed) is an answer given away; the generated skeleton itself and KNOWN_LEAKS are not reported."""
+    solutions, labs = tmp_path / "solutions" / "00-x", tmp_path / "labs" / "00-x"
+    solutions.mkdir(parents=True)
+    labs.mkdir(parents=True)
+    body = ("    for (int e = 0; e < kElems; ++e) dot += to_compute(g.v[e]) * to_compute(y.v[e]);\n"
+            "    for (int lanes = 4; lanes > 0; lanes /= 2) dot += __shfl_xor_sync(~0u, dot, lanes);\n")
+    source = f"int f() {{\n    // SOLUTION BEGIN lab00.1: the dot\n{body}    // SOLUTION END\n}}\n"
+    (solutions / "k.cu").write_text(source)
+    (labs / "k.cu").write_text(labgen.generate_text(solutions / "k.cu", "solutions/00-x/k.cu"))
+    first, second = body.splitlines()
+    (labs / "given.cu").write_text(f"void g() {{\n  float dot = 0;\n{first}\n  int copied = 1;\n{second}\n}}\n")
+    assert labgen.leaks(tmp_path / "solutions", tmp_path / "labs") == [("lab00.1", "00-x/given.cu")]
+    (labs / "given.cu").write_text("void g() { /* its own code */ }\n")
+    assert labgen.leaks(tmp_path / "solutions", tmp_path / "labs") == []
+
+
 # ---------------------------------------------------------------- the notebook beside the graded run
 def _cli():
     import cli  # tools/course, on sys.path above; imported here, where its tests need it

@@ -480,6 +480,12 @@ def cmd_labs(args) -> int:
         if problems:
             print("labs/ is out of date with solutions/: run ./course labs (and commit)")
             return 1
+        leaked = labgen.leaks(trees.SOLUTIONS, trees.LABS)
+        for task, where in leaked:
+            print(f"answer given away: the solution of {task} appears in labs/{where}, a file the student is given")
+        if leaked:
+            print("give that file code of its own, or have it call the student's (and say which task it needs)")
+            return 1
         print(f"labs/ is up to date ({len(result.unchanged)} files)")
         return 0
     skipped = 0

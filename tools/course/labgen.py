@@ -172,3 +172,84 @@ def plan(solutions: Path, labs: Path, root: Path) -> Plan:
             if existing.is_file() and existing not in expected and not SKIP_NAMES & set(existing.parts):
                 result.extra.append(existing)
     return result
+
+
+# ---------------------------------------------------------------- answers given away
+# A SOLUTION body must not reach a student in another file of labs/ (a copy of a task's code in a given file: the
+# task answered). Compared as runs of code lines (stripped, comments and blank lines dropped): a body of at least
+# LEAK_MIN_LINES lines and LEAK_MIN_CHARS characters (lab08.8's leaked answer: two lines, 150 characters), all of it.
+LEAK_MIN_LINES, LEAK_MIN_CHARS = 2, 60
+# Leaks known and kept for now, each with why; the list only shrinks. (solution task, lab file relative to labs/)
+KNOWN_LEAKS = {
+    # The Hopper backward is given code that must not run a student's unfinished kernels: it carries its own copy of
+    # the fragment-level steps of lab08.6 and lab08.8 (to be replaced by code of its own, or by a call into the
+    # student's with the dependency between the tasks stated).
+    ("lab08.6", "08-flash-attention/flash_backward_hopper.cu"),
+    ("lab08.8", "08-flash-attention/flash_backward_hopper.cu"),
+}
+
+
+def _code_lines(lines: list[str]) -> list[str]:
+    return [line.strip() for line in lines if line.strip() and not re.match(r"^\s*(//|#)", line)]
+
+
+def solution_bodies(text: str) -> list[tuple[str, list[str]]]:
+    """(task, its body's code lines) for each SOLUTION region of a solution file's text."""
+    bodies, task, body, state = [], None, [], "code"
+    for line in text.splitlines():
+        if state == "heading" and CONTINUATION.match(line):
+            continue
+        if state in ("heading", "solution"):
+            if STUB.match(line) or END.match(line):
+                bodies.append((task, _code_lines(body)))
+                state = "stub" if STUB.match(line) else "code"
+                continue
+            state = "solution"
+            body.append(line)
+            continue
+        if state == "stub":
+            state = "code" if END.match(line) else "stub"
+            continue
+        begin = BEGIN.match(line)
+        if begin:
+            task, body, state = begin["task"], [], "heading"
+    return bodies
+
+
+def leaks(solutions: Path, labs: Path) -> list[tuple[str, str]]:
+    """(task, lab file relative to labs/) for each SOLUTION body (of LEAK_MIN_LINES code lines and LEAK_MIN_CHARS
+    characters or more) whose code lines all appear, in order and together, in a file of labs/ (KNOWN_LEAKS left
+    out)."""
+    bodies = []
+    for source in sorted(solutions.rglob("*")):
+        if source.is_file() and source.suffix in COMMENT and not SKIP_NAMES & set(source.parts):
+            bodies += [(task, lines) for task, lines in solution_bodies(source.read_text(errors="replace"))
+                       if len(lines) >= LEAK_MIN_LINES and sum(map(len, lines)) >= LEAK_MIN_CHARS]
+    found = []
+    for target in sorted(labs.rglob("*")):
+        if not target.is_file() or target.suffix not in COMMENT or SKIP_NAMES & set(target.parts):
+            continue
+        code = _code_lines(target.read_text(errors="replace").splitlines())
+        where = str(target.relative_to(labs))
+        for task, lines in bodies:
+            if (task, where) not in KNOWN_LEAKS and _appears(lines, code):
+                found.append((task, where))
+    return sorted(set(found))
+
+
+LEAK_GAP = 2  # code lines a copy may put between two of the body's (a declaration moved, a line added)
+
+
+def _appears(body: list[str], code: list[str]) -> bool:
+    """Whether every line of `body` is a line of `code`, in order, each at most LEAK_GAP lines after the last."""
+    for start in (i for i, line in enumerate(code) if line == body[0]):
+        at = start
+        for line in body[1:]:
+            window = code[at + 1:at + 2 + LEAK_GAP]
+            if line not in window:
+                break
+            at += 1 + window.index(line)
+        else:
+            return True
+    return False
+
