@@ -30,8 +30,10 @@ PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a
 
 
 _PYTEST_OWN_ERRORS = (2, 3, 4)
-# What a quick sanitizer pass adds to a run's result (sanitizer.run_into): carried over wherever the result is remade.
-QUICK_PASS_KEYS = ("sanitizer", "sanitizer_seconds", "sanitizer_not_checked", "error")
+# What a quick sanitizer pass adds to a run's result (sanitizer.run_into): its rows, and the lab's error where they fail
+# it; carried over wherever the result is remade.
+SANITIZER_KEYS = ("sanitizer", "sanitizer_seconds", "sanitizer_not_checked")
+QUICK_PASS_KEYS = (*SANITIZER_KEYS, "error")
 # The grading processes running now (each the leader of its own process group), so that an
 # interrupted class run can stop the ones it started.
 _RUNNING: set = set()
@@ -122,9 +124,7 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
     ended_at = launched_at + seconds
     result = json.loads(json_path.read_text()) if json_path.exists() else {"tests": [], "perf": []}
     result.update(label=label, impl=impl, seed=seed, seconds=seconds, returncode=process.returncode, log=str(log_path))
-    timing = {}
-    with contextlib.suppress(OSError, ValueError):
-        timing = json.loads(timing_path.read_text())
+    timing = _read_timing(timing_path)
     result["phases"] = process_phases(seconds, launched_at, ended_at, timing)
     result["build_failed"] = bool(timing.get("build_failed"))
     if timing.get("build_infrastructure"):  # the machine failed the build (harness.build): nothing was graded
@@ -363,7 +363,7 @@ def merge_phases(shared: dict, alone: dict) -> dict:
     merged["returncode"] = 1 if 1 in codes else 0 if 0 in codes else 5
     if alone.get("error"):
         merged["error"], merged["returncode"] = alone["error"], alone.get("returncode")
-        for key in QUICK_PASS_KEYS[:-1]:
+        for key in SANITIZER_KEYS:
             merged.pop(key, None)
     return merged
 

@@ -156,9 +156,10 @@ def sanitize(python: str, test_file: Path, *, impl: str, lab_number: str, tools:
                   "and over every kernel", flush=True)
         again = one_tool(tool, shard, retry=True)
         again["retried_after"] = first
-        if tool_failure(again):
+        second = tool_failure(again)
+        if second:
             again["not_checked"] = (f"compute-sanitizer {tool} could not run: {first}; run again alone over every "
-                                    f"kernel: {tool_failure(again)}")
+                                    f"kernel: {second}")
         elif kernels and real_findings(again) and not any(name in f for f in real_findings(again) for name in kernels):
             # The retry instrumented PyTorch's kernels too: reports about them alone are not the lab's (racecheck
             # reported hazards inside PyTorch's own attention backward on an H100), but they leave the lab unchecked
