@@ -162,6 +162,32 @@ def test_every_run_reports_where_its_time_went(graded):
         assert len(line) == 1 and "s of work in" in line[0] and "perf wait" in line[0], graded["runs"][run].stdout
 
 
+def test_the_timing_file_takes_writers_on_many_threads(tmp_path):
+    """Background builds record their steps from their own threads while the main thread records its tests: every
+    write must land whole (a shared partial name once made a rename find nothing, failing a reference check). A
+    child process, so that this run's own timing file is left alone."""
+    script = (
+        "import json, sys, threading\n"
+        f"sys.path.insert(0, {str(trees.ROOT / 'tests')!r})\n"
+        "from harness import timing\n"
+        "import pathlib, time\n"
+        "rename = pathlib.Path.replace  # a rename that waits first: the window between write and rename, wide\n"
+        "pathlib.Path.replace = lambda self, target: (time.sleep(0.0005), rename(self, target))[1]\n"
+        f"timing.record_to({str(tmp_path / 'probe.json')!r})\n"
+        "def churn():\n"
+        "    for _ in range(50):\n"
+        "        timing.build_started(); timing.build_ended(False); timing.test_started('t'); timing.test_ended()\n"
+        "errors = []\n"
+        "threading.excepthook = lambda failed: errors.append(repr(failed.exc_value))\n"
+        "workers = [threading.Thread(target=churn) for _ in range(6)]\n"
+        "[w.start() for w in workers]; [w.join() for w in workers]\n"
+        "assert not errors, errors[:3]\n"
+        f"print(json.loads(open({str(tmp_path / 'probe.timing.json')!r}).read())['build_failed'])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+    assert [f.name for f in tmp_path.iterdir()] == ["probe.timing.json"], "a partial file was left behind"
+
+
 def test_process_phases_split_a_run_and_name_what_a_killed_one_was_doing():
     timing = {"collected_at": 102.0, "build_s": 20.0, "build_since": None, "alone_s": 5.0, "alone_since": None,
               "alone_build_s": 0.0}

@@ -8,6 +8,8 @@ from a crash still says what it was doing then (e.g. 25 of its 30 s spent buildi
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +36,7 @@ STATE: dict = {
     "lock_release_reserved": None,  # ...with this many bytes reserved by the caching allocator then (-1: unknown)
 }
 _path: list[Path] = []
+_write_lock = threading.Lock()  # background builds (harness/background.py) record from their own threads
 
 
 def suffix_for(json_path: str | Path) -> Path:
@@ -51,8 +54,13 @@ def record_to(json_path: str | Path | None) -> None:
 
 
 def _write() -> None:
-    if _path:  # written whole, then renamed: the parent reads it while the run goes on (runner.py's deadline)
-        partial = _path[0].with_name(_path[0].name + ".partial")
+    """Written whole, then renamed: the parent reads it while the run goes on (runner.py's deadline). One
+    writer at a time, each with its own partial file: two threads sharing one name made the second rename
+    find nothing (FileNotFoundError in a reference check, seen in CI)."""
+    if not _path:
+        return
+    with _write_lock:
+        partial = _path[0].with_name(f"{_path[0].name}.partial-{os.getpid()}")
         partial.write_text(json.dumps(STATE))
         partial.replace(_path[0])
 
