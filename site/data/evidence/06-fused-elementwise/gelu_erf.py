@@ -1,8 +1,8 @@
 """Lab 06, bfloat16 bias + GELU (erf form), (8192, 8192): variants that cut the instructions per element.
 
-    python3 tools/gpu/probe/lab06_gelu_erf.py [--build-only | --fit | --print-cuda |
+    python3 site/data/evidence/06-fused-elementwise/gelu_erf.py [--build-only | --fit | --print-cuda |
                                                --emulate LO HI [AMP] [fold] [fp16]]
-    (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, tools/gpu/probe/lab06_gelu_fit.md)
+    (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, site/data/evidence/06-fused-elementwise/gelu_fit.md)
 
 Since issue 12's adoption (2026-11-27) the lab's 16-bit erf kernels compute the degree-10 exp2 GELU below
 (gelu_erf_exp2 in solutions/06-fused-elementwise/gelu.cuh), and float32 keeps erff. This probe now takes both
@@ -42,6 +42,12 @@ the lab bit for bit (since the adoption: the exp2 variants equal the lab's bf16 
 """
 from __future__ import annotations
 
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 import json
 import math
 import os
@@ -53,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load_inline
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 LAB_DIR = ROOT / "solutions" / "06-fused-elementwise"
 FWD = ("rowblock", "rowblock+bitcvt", "x2+bitcvt", "exp2", "x2+exp2", "x2+exp2d9")
 BWD = ("replica", "bitcvt", "exp2", "exp2d9")
@@ -386,7 +392,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-# ---- CPU emulation (`--emulate`, no GPU): tools/gpu/probe/lab06_gelu_fit.md. Every float32 operation of the
+# ---- CPU emulation (`--emulate`, no GPU): site/data/evidence/06-fused-elementwise/gelu_fit.md. Every float32 operation of the
 # exp2 formulas and of the lab's erf form (transcribed from nvcc 13.0 -O3 sm_90a PTX of gelu<kErf> / gelu_grad<kErf>,
 # erff inlined) in float64 holding float32 values: products of two float32 are exact in float64; an FMA's sum is
 # rounded once to float64 and then to float32, and the one case where that double rounding can differ from fmaf (the
