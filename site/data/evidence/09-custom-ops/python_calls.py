@@ -1,12 +1,15 @@
 """Lesson 09, section 1: how many Python functions one call of the same `2 * x` runs, by how it is bound.
 
-    python3 site/data/evidence/09-custom-ops/python_calls.py [--out FILE]   (CPU only: no GPU needed)
+    python3 site/data/evidence/09-custom-ops/python_calls.py [--out FOLDER]   (CPU only: no GPU needed)
 
 Builds two tiny CPU extensions with torch.utils.cpp_extension.load_inline: a pybind11 function `twice` and a
 TORCH_LIBRARY op `course_calls::twice` (+ `twice_plain`, with no autograd kernel), registers a fake and an autograd
 formula from Python the way lab 09's ops.py does, and counts the Python "call" events of one call
 (sys.setprofile, the notebook's section 9 method). Also: torch._dynamo.explain of f(x) = twice(sin(x)) + 1 with
-each binding (graphs and breaks). Writes python_calls.json and dynamo_explain.json (default: beside this file).
+each binding (graphs and breaks). Row names: "op" is the TORCH_LIBRARY op, "custom_op" a
+torch.library.custom_op whose body calls the pybind11 function; "inference_mode" rows run under
+torch.inference_mode(), the others with grad mode on and inputs that do not require grad. Writes python_calls.json
+and dynamo_explain.json (default: beside this file).
 """
 from __future__ import annotations
 
@@ -83,21 +86,20 @@ def main() -> None:
         else:
             calls = python_calls(fn, x)
         rows.append({"name": name, "python_calls": len(calls), "functions": ", ".join(calls)})
-        print(f"{name:<60} {len(calls):3d}  {calls}")
+        print(f"{name:<45} {len(calls):3d}  {calls}")
 
-    row("a pybind11 function", pyb.twice)
-    row("a TORCH_LIBRARY op with no autograd kernel", ops.twice_plain)
-    row("a TORCH_LIBRARY op + register_autograd", ops.twice)
-    row("a TORCH_LIBRARY op + register_autograd, under torch.inference_mode()", ops.twice, "inference_mode")
-    row("torch.library.custom_op whose body calls the pybind11 function", twice_custom)
-    row("torch.library.custom_op whose body calls the pybind11 function, under torch.inference_mode()",
-        twice_custom, "inference_mode")
+    row("pybind11 function", pyb.twice)
+    row("op, no autograd kernel", ops.twice_plain)
+    row("op + register_autograd", ops.twice)
+    row("op + register_autograd, inference_mode", ops.twice, "inference_mode")
+    row("custom_op around pybind11", twice_custom)
+    row("custom_op around pybind11, inference_mode", twice_custom, "inference_mode")
 
     explained = []
-    for name, fn in (("pybind11", pyb.twice), ("TORCH_LIBRARY op with a fake", ops.twice)):
+    for name, fn in (("pybind11 function", pyb.twice), ("op with a fake", ops.twice)):
         torch._dynamo.reset()
         e = torch._dynamo.explain(lambda t, fn=fn: fn(torch.sin(t)) + 1)(x)
-        explained.append({"name": f"f(x) = twice(sin(x)) + 1, twice as {name}", "graph_count": e.graph_count,
+        explained.append({"name": name, "graph_count": e.graph_count,
                           "graph_break_count": e.graph_break_count})
         print(explained[-1])
 
