@@ -78,6 +78,7 @@ EVIDENCE_ROWS = (
     ("everything else: bias + GELU, RMSNorm, adds", ("norm", "gelu", "elementwise", "inductor fused", "other")),
 )
 BACKWARD_MAIN = ("void flash_backward_hopper_impl::flash_backward_hopper_kernel",
+                 "void flash_backward_impl::flash_backward_kernel",
                  "cudnn_generated_fort_native_sdpa_sm90_flash_bprop")
 FORWARD = ("void flash_forward_hopper_impl::flash_forward_hopper_kernel",
            "cudnn_generated_fort_native_sdpa_sm90_flash_fprop")
@@ -90,7 +91,7 @@ def _relative(path: Path) -> str:
         return path.as_posix()
 
 
-def evidence(raw_path: Path) -> None:
+def evidence(raw_path: Path, name: str = "block_profile", source: str | None = None, date: str | None = None) -> None:
     """The GPU run's output summed into the rows the lesson shows (ms per forward+backward step)."""
     raw = json.loads(raw_path.read_text())
     rows = []
@@ -116,9 +117,9 @@ def evidence(raw_path: Path) -> None:
     by_name = {r["name"]: r for r in rows}
     bwd = by_name["of which the backward's main kernel"]
     out = {
-        "gpu": raw["gpu"], "torch": raw["torch"], "date": raw["date"],
+        "gpu": raw["gpu"], "torch": raw["torch"], "date": date or raw["date"],
         "command": "python3 site/data/evidence/09-custom-ops/block_profile.py eager compiled",
-        "source": f"{_relative(raw_path)} (the GPU run's output), summed by "
+        "source": f"{source or _relative(raw_path)} (the GPU run's output), summed by "
                   "`python3 site/data/evidence/09-custom-ops/block_profile.py --evidence` into these rows",
         "shape": raw["shape"], "heads": raw["heads"], "kv_heads": raw["kv_heads"],
         # derived: PyTorch's step over ours (higher is faster), and the differences the lesson names
@@ -140,14 +141,23 @@ def evidence(raw_path: Path) -> None:
                               ["course_compiled", "course, compiled", ".2f"],
                               ["torch_compiled", "PyTorch, compiled", ".2f"]]},
     }
-    path = HERE / "block_profile.json"
+    path = HERE / f"{name}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--evidence"]:
-        evidence(Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "tools/gpu/results/lab09-block-profile-h100.json")
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="block_profile.py --evidence")
+        default_raw = ROOT / "tools/gpu/results/lab09-block-profile-h100.json"
+        parser.add_argument("raw", nargs="?", type=Path, default=default_raw)
+        parser.add_argument("--name", default="block_profile", help="evidence file name, without .json")
+        parser.add_argument("--source", help="where RAW came from, if not its path (e.g. a file at an older commit)")
+        parser.add_argument("--date", help="the run's date, where RAW does not record it")
+        a = parser.parse_args(sys.argv[2:])
+        evidence(a.raw, a.name, a.source, a.date)
         return
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(__doc__)
