@@ -109,3 +109,11 @@ def test_figures_come_from_the_data_or_fail_the_build():
                   f"{bench} | {case['name']} | ratio | .2q", f"{bench} | - "):
         rendered, problems = spine.render_figures(f"{{{{fig {wrong}}}}}")
         assert len(problems) == 1 and "missing figure" in rendered, (wrong, problems)
+
+
+def test_the_measurement_ledger_is_up_to_date():
+    """tools/gpu/LEDGER.md lists every measurement file with its GPU, date, command and the pages quoting it;
+    it is generated, so it must match what tools/gpu/ledger.py makes of the data and the pages now."""
+    done = subprocess.run([sys.executable, str(trees.ROOT / "tools" / "gpu" / "ledger.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

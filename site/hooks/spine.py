@@ -125,7 +125,8 @@ def load(source: str) -> dict:
 
 
 def provenance(data: dict) -> str:
-    parts = [data.get("gpu"), f"torch {data['torch']}" if data.get("torch") else None, data.get("date")]
+    torch = f"torch {data['torch']}" if data.get("torch") else None
+    parts = [data.get("gpu") or data.get("device"), torch, data.get("date")]  # plots name the GPU "device"
     where = ", ".join(p for p in parts if p)
     return f"{where}, by `{data['command']}`" if data.get("command") else where
 
