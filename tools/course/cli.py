@@ -402,7 +402,8 @@ def _bench(args) -> tuple[int, dict | None]:
     lab = trees.find_lab(args.lab)
     impl = _impl(args.impl)
     result = run_lab_tests(python, [lab.test_file], impl, f"bench-{lab.name}", verbose=args.verbose,
-                           lab=lab, markers="perf", deadline_s=args.deadline)
+                           lab=lab, markers="perf", deadline_s=args.deadline,
+                           extra_env={"COURSE_BENCH_WRITING": "1"})  # harness/perf.py: the run that renews the bars
     if result.get("error"):
         print(result["error"])
         return 1, None
@@ -527,7 +528,7 @@ def cmd_setup(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """ruff over the Python, clang-format over the C++/CUDA: the style CI enforces."""
+    """ruff over the Python, clang-format over the C++/CUDA, the size budgets (sizes.py): what CI enforces."""
     python = env.python_for("lint")
     ruff = [python, "-m", "ruff", "check", *(["--fix"] if args.fix else []), str(ROOT)]
     status = subprocess.run(ruff, cwd=ROOT).returncode
@@ -540,7 +541,10 @@ def cmd_lint(args) -> int:
     if formatted and not args.fix:
         print(f"[course] lint: {len(sources)} C++/CUDA files checked against .clang-format; "
               "./course lint --fix rewrites them (then ./course labs)")
-    return 1 if status or formatted else 0
+    import sizes  # files within 800 lines and functions within 80, or on the allow-list that only shrinks
+
+    oversized = sizes.main([])
+    return 1 if status or formatted or oversized else 0
 
 
 def cmd_doctor(args) -> int:
@@ -725,7 +729,7 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
     p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
     p.add_argument("groups", nargs="*", help=f"{', '.join(env.GROUP_MODULES)} (default: all)")
-    p = add("lint", "check the style: ruff (Python) and clang-format (C++/CUDA), as CI does", cmd_lint)
+    p = add("lint", "check the style: ruff (Python), clang-format (C++/CUDA), size budgets, as CI does", cmd_lint)
     p.add_argument("--fix", action="store_true", help="rewrite the files instead (then run ./course labs)")
     p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)",
             cmd_doctor)
