@@ -2,7 +2,7 @@
 
     timeout 60 python3 site/data/evidence/10-cutlass/smoke.py [--impl solutions] [--skip-perf]
 
-Step 3 of site/data/evidence/10-cutlass/first_run.sh, between the build and `./course test 10`. The CUTLASS kernel had never
+Step 3 of first_run.sh (beside this file), between the build and `./course test 10`. The CUTLASS kernel had never
 run; if it hangs or faults, the grader's log says little about where. Here each case is launched alone, smallest
 first, synchronized and printed before the next: the last line printed before a hang names the case that hung; a
 CUDA error (the context is then lost) stops the pass. Per case: whether the grader's own check_output passes
