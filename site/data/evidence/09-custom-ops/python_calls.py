@@ -79,21 +79,24 @@ def main() -> None:
     x = torch.randn(4)
     rows = []
 
-    def row(name, fn, mode=None):
+    def row(name, binding, fn, mode="grad mode"):
         if mode == "inference_mode":
             with torch.inference_mode():
                 calls = python_calls(fn, x)
         else:
             calls = python_calls(fn, x)
-        rows.append({"name": name, "python_calls": len(calls), "functions": ", ".join(calls)})
+        rows.append({"name": name, "binding": binding, "mode": mode, "python_calls": len(calls),
+                     "functions": ", ".join(f"`{c}`" for c in calls)})
         print(f"{name:<45} {len(calls):3d}  {calls}")
 
-    row("pybind11 function", pyb.twice)
-    row("op, no autograd kernel", ops.twice_plain)
-    row("op + register_autograd", ops.twice)
-    row("op + register_autograd, inference_mode", ops.twice, "inference_mode")
-    row("custom_op around pybind11", twice_custom)
-    row("custom_op around pybind11, inference_mode", twice_custom, "inference_mode")
+    row("pybind11 function", "a pybind11 function", pyb.twice)
+    row("op, no autograd kernel", "a `TORCH_LIBRARY` op, no autograd kernel", ops.twice_plain)
+    row("op + register_autograd", "a `TORCH_LIBRARY` op + `register_autograd`", ops.twice)
+    row("op + register_autograd, inference_mode", "a `TORCH_LIBRARY` op + `register_autograd`", ops.twice,
+        "inference_mode")
+    row("custom_op around pybind11", "`torch.library.custom_op` calling the pybind11 function", twice_custom)
+    row("custom_op around pybind11, inference_mode", "`torch.library.custom_op` calling the pybind11 function",
+        twice_custom, "inference_mode")
 
     explained = []
     for name, fn in (("pybind11 function", pyb.twice), ("op with a fake", ops.twice)):
@@ -104,7 +107,7 @@ def main() -> None:
         print(explained[-1])
 
     common = {
-        "gpu": "none (CPU only)",
+        "gpu": "the course's CPU machine (no GPU)",
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "date": datetime.date.today().isoformat(),
@@ -112,9 +115,13 @@ def main() -> None:
         "source": "this script's output, run on the course's CPU machine",
     }
     args.out.mkdir(parents=True, exist_ok=True)
+    tables = {"python_calls": {"columns": [["binding", "the same 2 * x as", ""], ["mode", "mode", ""],
+                                           ["python_calls", "Python calls", "d"],
+                                           ["functions", "the Python functions, in order", ""]]}}
     for name, data in (("python_calls", rows), ("dynamo_explain", explained)):
         path = args.out / f"{name}.json"
-        path.write_text(json.dumps({**common, "rows": data}, indent=1) + "\n")
+        table = {"table": tables[name]} if name in tables else {}
+        path.write_text(json.dumps({**common, "rows": data, **table}, indent=1) + "\n")
         print(f"wrote {path}")
 
 
