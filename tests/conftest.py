@@ -53,7 +53,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_finish(session):
-    timing.collected()
+    timing.collected(len(session.items))
 
 
 @pytest.hookimpl(hookwrapper=True)

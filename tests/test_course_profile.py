@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness import HAS_GPU, NO_GPU_REASON, perf, trees
+from harness.check import GradeFailure
 
 sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import kernel_profile  # noqa: E402
@@ -278,6 +279,27 @@ def test_profile_mode_profiles_once_and_skips(monkeypatch):
     assert perf.PROFILED == [{"case": "scale", "side": "ours", "baseline_name": "torch.mul"},
                              {"case": "scale", "side": "baseline", "baseline_name": "torch.mul"}]
     assert perf.RESULTS == [] or all(r["name"] != "scale" for r in perf.RESULTS)
+
+
+def test_the_reference_fails_when_the_sites_bars_are_not_the_graders(monkeypatch, tmp_path):
+    """The bench file the site renders (measured on this GPU) must carry the bars the grader holds the reference
+    to: a target changed in a test without a new `./course bench --json` fails the reference, naming the command.
+    Students are not held to it, and neither is the bench run that rewrites the file."""
+    bench = {"gpu": "NVIDIA H100 80GB HBM3", "cases": [{"name": "scale", "target": 0.8, "student_bar": 0.5}]}
+    (tmp_path / "00-first-kernel.json").write_text(json.dumps(bench))
+    monkeypatch.setattr(perf.trees, "BENCH_DATA", tmp_path)
+    monkeypatch.setattr(perf.trees, "ROOT", tmp_path)
+    monkeypatch.delenv(perf.BENCH_WRITING_ENV, raising=False)
+    case = perf.PerfCase("00-first-kernel", "scale", "torch.mul", 1.0, 1.0, 0.5, 0.8, 0, 0)
+    perf.check_committed_bars(case, "NVIDIA H100 80GB HBM3")  # the same bars
+    perf.check_committed_bars(perf.PerfCase("00-first-kernel", "scale", "torch.mul", 1.0, 1.0, 0.5, 0.95, 0, 0),
+                              "NVIDIA H200")  # measured on another GPU: its bars may differ
+    stale = perf.PerfCase("00-first-kernel", "scale", "torch.mul", 1.0, 1.0, 0.5, 0.95, 0, 0)
+    with pytest.raises(GradeFailure, match=r"says target 0.8, student bar 0.5; this grader uses target 0.95.*"
+                                           r"\n  rerun `./course bench 00 --impl solutions --json`"):
+        perf.check_committed_bars(stale, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv(perf.BENCH_WRITING_ENV, "1")
+    perf.check_committed_bars(stale, "NVIDIA H100 80GB HBM3")
 
 
 # ---------------------------------------------------------------- the real run

@@ -6,6 +6,7 @@ baseline interleaved (so clock drift hits both), the median of many runs.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -342,6 +343,8 @@ def perf_case(
     RESULTS.append(record)
     verify()  # the last timed call's output, against the inputs it was given
     check_integrity(case, ours, floor_ms)
+    if is_reference:
+        check_committed_bars(case, record["gpu"])
     bar = target if is_reference else student_bar
     who = "reference target" if is_reference else "student bar"
     print(case.summary())
@@ -351,6 +354,28 @@ def perf_case(
             f"(student bar {student_bar:.2f}x, reference target {target:.2f}x)"
         )
     return case
+
+
+BENCH_WRITING_ENV = "COURSE_BENCH_WRITING"  # set by `./course bench`: the run that rewrites the committed bars
+
+
+def check_committed_bars(case: PerfCase, gpu: str) -> None:
+    """The bars the site shows (site/data/bench/NN-slug.json, measured on this GPU) are the ones this grader holds
+    the reference to: a target changed in a test without a new bench run fails the reference here, so the page's
+    table cannot go stale."""
+    path = trees.BENCH_DATA / f"{case.lab}.json"
+    if os.environ.get(BENCH_WRITING_ENV) or not path.is_file():
+        return
+    data = json.loads(path.read_text())
+    committed = next((c for c in data.get("cases", []) if c.get("name") == case.name), None)
+    if data.get("gpu") != gpu or committed is None:
+        return
+    if (committed.get("target"), committed.get("student_bar")) != (case.target, case.student_bar):
+        raise GradeFailure(
+            f"{case.name}: {path.relative_to(trees.ROOT)} (the site's table, measured on this GPU) says target "
+            f"{committed.get('target')}, student bar {committed.get('student_bar')}; this grader uses target "
+            f"{case.target}, student bar {case.student_bar}\n  rerun `./course bench {case.lab[:2]} --impl solutions "
+            "--json` on this GPU and commit the file")
 
 
 def profile_case(name: str, ours: Callable, baseline: Callable, baseline_name: str, *, sides: list[str]) -> None:

@@ -92,7 +92,7 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
                                test_deadline_s=getattr(args, "test_deadline", None))
         sanitizer.run_as_asked(args, python, result, lab, impl, label_prefix=prefix)
         return result
-    seed = args.seed if args.seed is not None else trees.seed()
+    seed = args.seed  # resolved once, in main()
     busy = trees.LOGS / f"{label}.side-work"
     busy.parent.mkdir(parents=True, exist_ok=True)
     busy.write_text("the notebook's run (and the quick sanitizer pass) is under way; the timed cases wait until this "
@@ -273,7 +273,7 @@ def _ordinal(number: int) -> str:
 def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -> dict[str, list[dict]]:
     """`grade --all --jobs N`: every submission x lab through runner.run_class; results per student, in lab order."""
     jobs = [runner.Job(student=submission.name, lab=lab.name, lab_number=lab.number, test_file=lab.test_file,
-                       impl=str(submission), seed=args.seed if args.seed is not None else trees.seed())
+                       impl=str(submission), seed=args.seed)
             for submission, labs in plan.items() for lab in labs]
     alone = runner.perf_alone()
     print(f"[course] grading {len(jobs)} submission x lab runs, {workers} at a time ({why}); each build gets "
@@ -402,7 +402,8 @@ def _bench(args) -> tuple[int, dict | None]:
     lab = trees.find_lab(args.lab)
     impl = _impl(args.impl)
     result = run_lab_tests(python, [lab.test_file], impl, f"bench-{lab.name}", verbose=args.verbose,
-                           lab=lab, markers="perf", deadline_s=args.deadline)
+                           lab=lab, markers="perf", deadline_s=args.deadline,
+                           extra_env={"COURSE_BENCH_WRITING": "1"})  # harness/perf.py: the run that renews the bars
     if result.get("error"):
         print(result["error"])
         return 1, None
@@ -527,7 +528,7 @@ def cmd_setup(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """ruff over the Python, clang-format over the C++/CUDA: the style CI enforces."""
+    """ruff over the Python, clang-format over the C++/CUDA, the size budgets (sizes.py): what CI enforces."""
     python = env.python_for("lint")
     ruff = [python, "-m", "ruff", "check", *(["--fix"] if args.fix else []), str(ROOT)]
     status = subprocess.run(ruff, cwd=ROOT).returncode
@@ -540,7 +541,10 @@ def cmd_lint(args) -> int:
     if formatted and not args.fix:
         print(f"[course] lint: {len(sources)} C++/CUDA files checked against .clang-format; "
               "./course lint --fix rewrites them (then ./course labs)")
-    return 1 if status or formatted else 0
+    import sizes  # files within 800 lines and functions within 80, or on the allow-list that only shrinks
+
+    oversized = sizes.main([])
+    return 1 if status or formatted or oversized else 0
 
 
 def cmd_doctor(args) -> int:
@@ -582,6 +586,19 @@ def run_command(fn, args) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run_flags(p, impl_default: str | None = None, impl_help: str = "") -> None:
+    """The flags of the commands that grade: -v, --deadline, --seed (and --impl, when given its default here)."""
+    if impl_default is not None:
+        p.add_argument("--impl", default=impl_default, help=impl_help)
+    p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
+                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
+                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
+    p.add_argument("--seed", type=int,
+                   help="random seed for the inputs (printed on every run; pass it to reproduce one; default: one "
+                        "drawn for the whole command)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="./course", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -601,14 +618,8 @@ def main(argv=None) -> int:
     add("site", "build the site into build/site with mkdocs --strict", cmd_site)
     p = add("test", "run the whole suite (grader self-tests, then every lab) against the reference solutions", cmd_test)
     p.add_argument("labs", nargs="*", help="only these labs (e.g. 00 01)")
-    p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
-    p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
     p.add_argument("--json", help="also write the results as JSON to this file")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
-                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
-                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
-    p.add_argument("--seed", type=int,
-                   help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    run_flags(p, impl_default=trees.DEFAULT_IMPL, impl_help=impl_help)
     p = add("grade", "grade labs: correctness, error handling and speed, with a per-case report", cmd_grade)
     p.add_argument("labs", nargs="*", help="lab numbers (e.g. 00)")
     p.add_argument("--impl", default="labs",
@@ -622,12 +633,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="with --format gradescope: the results.json to write (default: "
                    f"{GRADESCOPE_RESULTS}/results.json when that folder exists, else build/results.json); with --all, "
                    "the folder that gets STUDENT/results.json (default: build/gradescope)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
-                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
-                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
-    p.add_argument("--seed", type=int,
-                   help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    run_flags(p)
     p.add_argument("--test-deadline", type=float, default=None, metavar="SECONDS",
                    help="also kill a run as hung once one of its tests has run this long, its builds not counted "
                         "(default: off; --deadline alone). A hanging submission then costs its build and this, "
@@ -725,12 +731,14 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
     p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
     p.add_argument("groups", nargs="*", help=f"{', '.join(env.GROUP_MODULES)} (default: all)")
-    p = add("lint", "check the style: ruff (Python) and clang-format (C++/CUDA), as CI does", cmd_lint)
+    p = add("lint", "check the style: ruff (Python), clang-format (C++/CUDA), size budgets, as CI does", cmd_lint)
     p.add_argument("--fix", action="store_true", help="rewrite the files instead (then run ./course labs)")
     p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)",
             cmd_doctor)
     p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)
+    if getattr(args, "seed", 0) is None:  # the one place a run's seed is drawn: every run of the command shares it
+        args.seed = trees.seed()
     try:
         return run_command(args.fn, args)
     except (KeyError, FileNotFoundError) as error:
