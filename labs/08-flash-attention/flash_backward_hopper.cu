@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 90ea7b0df687].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 74ad31295477].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -253,7 +253,7 @@ __device__ inline void atomic_add_pair(float* address, float first, float second
 // then key block 1, ...: the longest first. At the block shape (8, 2048, 16 query on 4 kv heads, d128, causal; an
 // H100, 2026-11-26): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121. Bulk reductions (cp.reduce.async.bulk)
 // in place of the atomics cost the same (1.125 ms). Every variant, with Nsight Compute's DRAM
-// bytes: tools/gpu/lab08-lpt-variants.txt and lesson 08, section 15.
+// bytes: tools/gpu/lab08-lpt-variants.txt and lesson 08's notes, "block order" (lessons/notes/08-flash-attention.md).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,

@@ -50,8 +50,7 @@ RULES_EXEMPT = {"instructors.md", "troubleshooting.md"}  # pages about the tooli
 # shrinks (tests/test_course_site.py fails on an entry whose page keeps the rules now: take it off).
 NOT_YET_REWRITTEN = {
     "00-first-kernel.md", "01-memory-bandwidth.md",
-    "05-tensor-cores.md", "06-fused-elementwise.md", "07-fused-normalization.md", "08-flash-attention.md",
-    "09-custom-ops.md",
+    "05-tensor-cores.md", "06-fused-elementwise.md", "07-fused-normalization.md", "09-custom-ops.md",
 }
 FIGURE = re.compile(r"\{\{fig\s+([^{}]*?)\s*\}\}")
 EVIDENCE_TABLE = re.compile(r"^<!--\s*evidence:\s*([0-9]{2}-[a-z0-9-]+/[A-Za-z0-9_.-]+)\s*-->[ \t]*$", re.MULTILINE)
@@ -158,11 +157,16 @@ def select(data: dict, selector: str) -> dict:
 
 
 def field(entry: dict, path: str):
-    value = entry
-    for key in path.split("."):
-        if not isinstance(value, dict) or key not in value:
+    """entry[a][b][c] for "a.b.c"; where the rest of the path is itself a key, that key (Nsight Compute's metric
+    names hold dots: "metrics.dram__bytes_read.sum" is entry["metrics"]["dram__bytes_read.sum"])."""
+    value, keys = entry, path.split(".")
+    while keys:
+        rest = ".".join(keys)
+        if isinstance(value, dict) and rest in value:
+            return value[rest]
+        if not isinstance(value, dict) or keys[0] not in value:
             raise LookupError(f"no field {path!r} (the entry has {sorted(entry)[:20]})")
-        value = value[key]
+        value = value[keys.pop(0)]
     return value
 
 

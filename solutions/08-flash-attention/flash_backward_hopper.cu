@@ -250,7 +250,7 @@ __device__ inline void atomic_add_pair(float* address, float first, float second
 // then key block 1, ...: the longest first. At the block shape (8, 2048, 16 query on 4 kv heads, d128, causal; an
 // H100, 2026-11-26): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121. Bulk reductions (cp.reduce.async.bulk)
 // in place of the atomics cost the same (1.125 ms). Every variant, with Nsight Compute's DRAM
-// bytes: tools/gpu/lab08-lpt-variants.txt and lesson 08, section 15.
+// bytes: tools/gpu/lab08-lpt-variants.txt and lesson 08's notes, "block order" (lessons/notes/08-flash-attention.md).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
