@@ -1,6 +1,7 @@
 """Lab 07's RMSNorm backward, the staged kernel against the register kernel, over the staged bucket's shapes.
 
-    python3 site/data/evidence/07-fused-normalization/staged.py [--impl solutions] [--first]   (JSON: $OUT/lab07-staged.json)
+    python3 site/data/evidence/07-fused-normalization/staged.py [--impl solutions] [--first]
+    (JSON: $OUT/lab07-staged.json)
 
 The staged kernel (solutions/07-fused-normalization/rms_norm.cu, rms_norm_backward_staged_kernel) takes 16-bit rows
 of 2049-4096 elements and float rows of 1025-2048 under path='auto'; path='registers' forces the register kernel.
