@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash ccccfcf64109].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash ff7f59a0aef4].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -226,8 +226,9 @@ __device__ __forceinline__ RowDots<F, kRows> shfl_xor(RowDots<F, kRows> d, int o
 // float rows of 2048; staged_grid launches it for no other n), with n a compile-time constant: every column check of
 // RowSlice and of the row's arithmetic then folds away. With n a run-time value, ptxas 13.0 wrapped the packs' loads
 // and arithmetic in branches of their own (cuobjdump, sm_90a: 64 BSSY / BSYNC pairs and 98 branches, against none
-// and 22 in tools/gpu/probe/lab07_rms_bwd.py's kernel), and the kernel measured 79% of copy against the probe's 95%;
-// a run-time n that is not the row image's length (3000 bfloat16) measured slower than the register kernel.
+// and 22 in the kernel of site/data/evidence/07-fused-normalization/rms_bwd.py), and the kernel measured 79% of copy
+// against the probe's 95%; a run-time n that is not the row image's length (3000 bfloat16) measured slower than the
+// register kernel.
 template <typename T, int kElemsPerThread, int kElems>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     rms_norm_backward_staged_kernel(const T* __restrict__ grad_y, const T* __restrict__ x, const T* __restrict__ weight,
