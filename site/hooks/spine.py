@@ -46,6 +46,13 @@ DATA = trees.SITE_SOURCES / "data"
 WORD_BUDGET = 5000
 LESSON_PAGE = re.compile(r"^\d\d-[a-z0-9-]+\.md$")
 RULES_EXEMPT = {"instructors.md", "troubleshooting.md"}  # pages about the tooling, not lessons
+# Pages written before these rules, not yet rewritten to them: their problems are logged, not failed. The list only
+# shrinks (tests/test_course_site.py fails on an entry whose page keeps the rules now: take it off).
+NOT_YET_REWRITTEN = {
+    "00-first-kernel.md", "01-memory-bandwidth.md",
+    "05-tensor-cores.md", "06-fused-elementwise.md", "07-fused-normalization.md", "08-flash-attention.md",
+    "09-custom-ops.md",
+}
 FIGURE = re.compile(r"\{\{fig\s+([^{}]*?)\s*\}\}")
 EVIDENCE_TABLE = re.compile(r"^<!--\s*evidence:\s*([0-9]{2}-[a-z0-9-]+/[A-Za-z0-9_.-]+)\s*-->[ \t]*$", re.MULTILINE)
 ENTRY_LISTS = ("cases", "kernels", "rows")
@@ -125,7 +132,8 @@ def load(source: str) -> dict:
 
 
 def provenance(data: dict) -> str:
-    parts = [data.get("gpu"), f"torch {data['torch']}" if data.get("torch") else None, data.get("date")]
+    torch = f"torch {data['torch']}" if data.get("torch") else None
+    parts = [data.get("gpu") or data.get("device"), torch, data.get("date")]  # plots name the GPU "device"
     where = ", ".join(p for p in parts if p)
     return f"{where}, by `{data['command']}`" if data.get("command") else where
 
@@ -225,8 +233,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     problems += found
     markdown, found = render_figures(markdown)
     problems += found
+    report = log.info if src in NOT_YET_REWRITTEN else log.warning
     for problem in problems:
-        log.warning(f"{src}: {problem}")
+        report(f"{src}: {problem}" + (" (a page not yet rewritten to the rules)" if src in NOT_YET_REWRITTEN else ""))
     return markdown
 
 

@@ -1,8 +1,8 @@
 """Lab 10's first launches, one case at a time, before the grader runs (issue 18): which case fails, and how.
 
-    timeout 60 python3 tools/gpu/probe/lab10_smoke.py [--impl solutions] [--skip-perf]
+    timeout 60 python3 site/data/evidence/10-cutlass/smoke.py [--impl solutions] [--skip-perf]
 
-Step 3 of tools/gpu/probe/lab10_first_run.sh, between the build and `./course test 10`. The CUTLASS kernel has never
+Step 3 of first_run.sh (beside this file), between the build and `./course test 10`. The CUTLASS kernel had never
 run; if it hangs or faults, the grader's log says little about where. Here each case is launched alone, smallest
 first, synchronized and printed before the next: the last line printed before a hang names the case that hung; a
 CUDA error (the context is then lost) stops the pass. Per case: whether the grader's own check_output passes
@@ -12,7 +12,7 @@ closest to (no GELU, no bias, bias on the wrong axis, acc alone, gelu(bias) alon
 node or argument at fault. Then the CUDA-graph replay (the current stream) and, unless --skip-perf, 4096^3 against
 torch.matmul and gelu(addmm) (CUDA events, L2 flushed, median of 25: harness.jit.interleaved_median_ms).
 Results also go to $OUT/lab10_smoke.json, written even when a case fails (not when the process is killed: its
-absence means a hang or a crash, and lab10_first_run.sh then skips the grader's steps).
+absence means a hang or a crash, and first_run.sh then skips the grader's steps).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/10-cutlass/smoke.py: the repository root
 
 # Smallest first: a fault or a hang shows on the cheapest case. (128, 256, 64) is one whole tile; (1, 8, 8) leaves
 # the second block of the 2 x 1 cluster with no rows at all; (4100, 2056, 72) has more tiles than SMs.

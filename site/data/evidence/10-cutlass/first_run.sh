@@ -3,14 +3,14 @@
 # carried: it must hold nvidia_cutlass-4.2.0.0-py3-none-any.whl (the box has no network; tools/course/cutlass.py
 # finds the wheel in .whl/ and installs CUTLASS's headers from it with pip --no-index into the course cache) and the
 # notebook wheels (nbclient, ipykernel, ...) for the notebook test.
-#   bash tools/gpu/probe/lab10_first_run.sh        results: $OUT/r.tgz (one log per step, lab10_smoke.json,
+#   bash site/data/evidence/10-cutlass/first_run.sh        results: $OUT/r.tgz (one log per step, lab10_smoke.json,
 #                                                   test10.json, the bench JSON)
 # Each step has a deadline (call_prelude.sh's step: log in $R/NAME.txt, its tail printed); they sum to 505 s.
 # `./course test` and `./course bench` run pytest in a session of its own (tools/course/runner.py,
 # start_new_session): the step's timeout would kill ./course but not that pytest, which would then hold the GPU
 # (a hung kernel) through the next steps. So each gets --deadline below its step's: the runner kills its own pytest.
 set -u
-# shellcheck source=../call_prelude.sh
+# shellcheck source=../../../../tools/gpu/call_prelude.sh
 source tools/gpu/call_prelude.sh
 # 1. the headers, offline, from the carried wheel: prints the two include folders, then doctor's line.
 step cutlass 15 "python3 tools/course/cutlass.py && python3 tools/course/cutlass.py --check"
@@ -22,10 +22,10 @@ if ! grep -q "built 10-cutlass" "$R/build.txt"; then
   echo "=== lab 10 did not build: smoke, test and bench skipped (build.txt has the compiler's errors)"
   finish; exit 0
 fi
-# 3. each case alone, smallest first (tools/gpu/probe/lab10_smoke.py): the last line before a hang names the case;
+# 3. each case alone, smallest first (site/data/evidence/10-cutlass/smoke.py): the last line before a hang names the case;
 #    a wrong output is matched against a few wrong formulas. No lab10_smoke.json = killed (a hang) or crashed: the
 #    grader would hang the same way, so its steps are skipped.
-step smoke 60 "python3 tools/gpu/probe/lab10_smoke.py"
+step smoke 60 "python3 site/data/evidence/10-cutlass/smoke.py"
 if [ ! -f "$R/lab10_smoke.json" ]; then
   echo "=== the smoke pass was killed or crashed: test and bench skipped (smoke.txt's last line names the case)"
   finish; exit 0
