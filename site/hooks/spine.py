@@ -92,9 +92,11 @@ def _drop_collapsed(lines: list[str]) -> list[str]:
 
 
 def main_text(markdown: str) -> str:
-    """The text the word budget counts: no front matter, HTML comments, --8<-- includes or collapsed blocks."""
+    """The text the word budget counts: no front matter, HTML comments, --8<-- includes or collapsed blocks; each
+    {{fig}} counts as the one word it renders."""
     markdown = re.sub(r"\A---\n.*?\n---\n", "", markdown, flags=re.DOTALL)
     markdown = re.sub(r"<!--.*?-->", "", markdown, flags=re.DOTALL)
+    markdown = FIGURE.sub("0", markdown)  # a figure reads as one word, however long its marker
     lines = [line for line in markdown.splitlines() if not line.lstrip().startswith("--8<--")]
     return "\n".join(_drop_collapsed(lines))
 
