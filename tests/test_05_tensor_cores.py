@@ -651,9 +651,9 @@ FUSION_BARS = {"student_bar": 0.85, "target": 1.10}
 # as the model assumes; the unfused pair moves 6 bytes an element, 0.4 GB, about 0.1 ms on an H200, far above a
 # launch's cost; x and weight are 1 MB each. The k-loop is 2 k-slices, so pipelining barely matters: the case
 # grades the fusion and the epilogue's stores. bf16 from sm_80, fp16 on sm_75 (the same bytes).
-# Measured (H100, 2026-11-27, python3 site/data/evidence/05-tensor-cores/fusion.py; I = 260): the model was wrong for the first
-# version of the kernel. At K = 64 it took 0.246 ms against gelu(addmm)'s 0.150: 0.61x, not 2-3x, and 0.60-0.62x at
-# every K from 32 to 256. Its output left at 18% of copy bandwidth (the GELU pass alone: 95%), so t_fused was ~11
+# Measured (H100, python3 site/data/evidence/05-tensor-cores/fusion.py; I = 260): the model was wrong for the
+# first version of the kernel. At K = 64 it took 0.246 ms against gelu(addmm)'s 0.150: 0.61x, not 2-3x, and
+# 0.60-0.62x at every K from 32 to 256. Its output left at 18% of copy bandwidth (the GELU pass alone: 95%), so t_fused was ~11
 # units, not 2-3.5: its epilogue stored each accumulator pair from the registers, 4 bytes a lane. Staging the warp's
 # tile in the freed cp.async ring and storing 16 bytes a lane (linear_act.cu's epilogue, issue 16 item 3) made it a
 # win: 1.22x at this shape, and the 4096^3 ratio to the GEMM alone went from 0.465x to 0.489x (H100, python3
