@@ -92,8 +92,8 @@ static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<flo
 // of two bfloat16s widens with integer operations: the low element shifted up, the high one masked (exact, NaN and
 // subnormals included). Element by element, to_compute is __bfloat162float, an inline-PTX conversion the compiler
 // does not see through: it split each word into halves first, one PRMT a pair. Lab 07's staged RMSNorm backward
-// (bfloat16, nvcc 13.0, sm_90a, counted from cuobjdump -sass) had 1768 SASS instructions, 192 of them PRMT; widened here,
-// 1576 and none. The pack is taken by value: by reference (a memcpy from the caller's pack), nvcc turned a weight
+// (bfloat16, nvcc 13.0, sm_90a, counted from cuobjdump -sass) had 1768 SASS instructions, 192 of them PRMT; widened
+// here, 1576 and none. The pack is taken by value: by reference (a memcpy from the caller's pack), nvcc turned a weight
 // load of one LDG.E.128 into byte loads.
 template <typename T, int kElems>
 __device__ __forceinline__ void widen_pack(Pack<T, kElems> pack, Compute<T> (&out)[kElems]) {
