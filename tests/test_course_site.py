@@ -92,6 +92,7 @@ def test_the_word_count_leaves_out_included_code_and_collapsed_blocks():
             "<details><summary>ten</summary>\neleven\n</details>\ntwelve\n```bash\n./course test 06\n```\n")
     # counted: "# Title", "one two three", "nine", "twelve", the typed code block (fences and 3 words)
     assert spine.word_count(page) == 2 + 3 + 1 + 1 + 5
+    assert spine.word_count("ran at {{fig bench/x | some case name | ratio | .2f}}x of copy") == 5
 
 
 def test_the_page_rules_name_internal_references_and_stale_phrases():

@@ -176,7 +176,7 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
         print(f"[course] wrote {args.json}")
     if getattr(args, "format", "text") == "gradescope":
         out = _gradescope_out(args)
-        report.write_json(out, report.gradescope(results))
+        report.write_json(out, report.gradescope(results, getattr(args, "leaderboard", None)))
         print(f"[course] wrote Gradescope's results.json to {out}")
     return 0 if report.all_passed(totals) else 1
 
@@ -197,6 +197,9 @@ def cmd_grade(args) -> int:
     if args.out and args.format != "gradescope":
         print("grade: --out is where --format gradescope writes results.json; add --format gradescope, "
               "or use --json for the course's own JSON")
+        return 2
+    if args.leaderboard and args.format != "gradescope":
+        print("grade: --leaderboard adds entries to Gradescope's results.json; add --format gradescope")
         return 2
     if args.all:
         return _grade_submissions(args)
@@ -259,7 +262,8 @@ def _grade_submissions(args) -> int:
                 result["shard"] = shard_tag
     default = f"grades-shard-{args.shard[0]}-of-{args.shard[1]}.json" if args.shard else "grades.json"
     _write_class(Path(args.json or (trees.BUILD / default)), everything,
-                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if gradescope else None)
+                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if gradescope else None,
+                 args.leaderboard)
     # Where the time went (each result's "phases" in the JSON says it per submission x lab).
     print(f"[course] {runner.breakdown([r for results in everything.values() for r in results], wall_s)}",
           flush=True)
@@ -310,7 +314,8 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
     return everything
 
 
-def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: Path | None) -> None:
+def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: Path | None,
+                 leaderboard: list[str] | None = None) -> None:
     """A class report: the JSON (student: results), the CSV beside it, the rows on the terminal and, with
     `gradescope_dir`, each student's Gradescope results.json under it."""
     rows = [report.csv_row(student, result) for student, results in everything.items() for result in results]
@@ -319,7 +324,7 @@ def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: P
     report.print_rows(rows)
     if gradescope_dir is not None:
         for student, results in everything.items():
-            report.write_json(gradescope_dir / student / "results.json", report.gradescope(results))
+            report.write_json(gradescope_dir / student / "results.json", report.gradescope(results, leaderboard))
     print(f"[course] wrote {out} and {out.with_suffix('.csv')} ({len(everything)} student(s), {len(rows)} row(s))")
     if gradescope_dir is not None:
         print(f"[course] wrote Gradescope's results.json of each student to {gradescope_dir}/STUDENT/results.json")
@@ -363,7 +368,8 @@ def cmd_report_merge(args) -> int:
             return 2
     merged = {student: everything[student] for student in sorted(everything)}
     _write_class(Path(args.json), merged,
-                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if args.format == "gradescope" else None)
+                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if args.format == "gradescope" else None,
+                 args.leaderboard)
     return 0
 
 
@@ -599,6 +605,13 @@ def run_flags(p, impl_default: str | None = None, impl_help: str = "") -> None:
                         "drawn for the whole command)")
 
 
+def leaderboard_flag(p) -> None:
+    p.add_argument("--leaderboard", nargs="+", metavar="NN", type=lambda text: text.zfill(2)[:2],
+                   help="with --format gradescope: add Gradescope leaderboard entries for these labs, each lab's "
+                   "speed-up over PyTorch (the geometric mean of its perf ratios; 0 for a lab that fails a "
+                   "correctness test; none when graded without a GPU)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="./course", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -630,6 +643,7 @@ def main(argv=None) -> int:
     p.add_argument("--format", choices=("text", "gradescope"), default="text",
                    help="gradescope: also write Gradescope's results.json, one test per task, scored from POINTS "
                    "(default: %(default)s)")
+    leaderboard_flag(p)
     p.add_argument("--out", help="with --format gradescope: the results.json to write (default: "
                    f"{GRADESCOPE_RESULTS}/results.json when that folder exists, else build/results.json); with --all, "
                    "the folder that gets STUDENT/results.json (default: build/gradescope)")
@@ -669,6 +683,7 @@ def main(argv=None) -> int:
                    help="the class report to write, and its CSV beside it (default: build/grades.json)")
     m.add_argument("--format", choices=("text", "gradescope"), default="text",
                    help="gradescope: also write each student's Gradescope results.json (default: %(default)s)")
+    leaderboard_flag(m)
     m.add_argument("--out", metavar="DIR", help="with --format gradescope: the folder that gets STUDENT/results.json "
                    "(default: build/gradescope)")
     m.add_argument("--partial", action="store_true",

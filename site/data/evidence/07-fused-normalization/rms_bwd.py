@@ -1,6 +1,7 @@
 """Lab 07, RMSNorm backward at (8, 4096, 4096) bfloat16: more bytes in flight per SM.
 
-    python3 tools/gpu/probe/lab07_rms_bwd.py [--build-only | --print-cuda]   (JSON: $OUT/lab07-rms-bwd.json)
+    python3 site/data/evidence/07-fused-normalization/rms_bwd.py [--build-only | --print-cuda]
+    (JSON: $OUT/lab07-rms-bwd.json)
 
 Why: the lab's backward (solutions/07-fused-normalization/rms_norm.cu, register path: a 256-thread block a row, 16
 elements a thread, 256 blocks of 128 rows, ptxas 80 registers) reaches 84% of copy on an H100, and forward + backward
@@ -40,7 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load_inline
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 LAB_DIR = ROOT / "solutions" / "07-fused-normalization"
 # (name, variant number in run_backward, most partial rows): the last call's list (2026-11-26, seventh session), where
 # "lab" is the lab's own backward, since then the staged kernel (the step 4 x 2 below, adopted). run_backward's switch
@@ -356,8 +360,8 @@ static void launch(const void* gy, const void* x, const void* w, const float* rs
   finalize(finalize_mode, partials, chunks, gw, s);
 }
 // ---- 2026-11-26 (seventh session): past the step kernel. Issue 13's forward + backward stood at 1.086-1.087x the
-// compiled pair (tools/gpu/probe/lab07_pair.py: CUDA graphs 0.4682 / 0.5087 ms; kernel sums 463.4 / 503.5 us, span
-// 468.1 us: 4.7 us between the lab's three kernels). Three ideas, each a variant:
+// compiled pair (site/data/evidence/07-fused-normalization/pair.py: CUDA graphs 0.4682 / 0.5087 ms; kernel sums
+// 463.4 / 503.5 us, span 468.1 us: 4.7 us between the lab's three kernels). Three ideas, each a variant:
 //   fused   the finalize inside the backward: blocks write their partial rows, meet at a grid barrier (a cooperative
 //           launch, so that all G blocks are resident), then block b sums columns [32 b, 32 b + 32) over the G rows
 //           in the finalize's order (8 row lanes): the finalize's bits, without its launch and gap;

@@ -1,6 +1,6 @@
 """Lab 07, softmax: the on-chip path against the streaming path at every row length it takes, float32 and bfloat16.
 
-    python3 tools/gpu/probe/lab07_on_chip_rows.py [--impl solutions|labs]
+    python3 site/data/evidence/07-fused-normalization/on_chip_rows.py [--impl solutions|labs]
     (JSON: $OUT/lab07-on-chip-rows.json)
 
 Why: issue 13 adopted the on-chip kernels for rows past the register path (8193 and longer) up to what the GPU holds
@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import jit, perf  # noqa: E402
 

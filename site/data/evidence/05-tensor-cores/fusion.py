@@ -1,7 +1,7 @@
 """When does lab 05's fused kernel beat the unfused layer? A K sweep at 8192 x 8192 outputs against the model of
-the lesson's section 6 (tests/test_05_tensor_cores.py, FUSION_SHAPE's comment), on this GPU.
+the lesson's section 1 (tests/test_05_tensor_cores.py, FUSION_SHAPE's comment), on this GPU.
 
-    python3 tools/gpu/probe/lab05_fusion.py [IMPL_DIR]      (default: solutions; one build, then ~30 s)
+    python3 site/data/evidence/05-tensor-cores/fusion.py [IMPL_DIR]      (default: solutions; one build, then ~30 s)
 
 Measures, in one process: the copy bandwidth BW (harness.perf.copy_bandwidth, the grader's ceiling), cuBLAS's
 bf16 rate R and the fused kernel's fraction r of it at 4096^3 (GELU), so I = R / BW; then for each K at
@@ -15,15 +15,21 @@ to site/data/plots/ and write `<!-- plot: 05-tensor-cores-fusion -->` on the pag
 """
 from __future__ import annotations
 
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 import json
 import os
-import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/05-tensor-cores/
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import build, perf, trees  # noqa: E402
 
@@ -85,8 +91,9 @@ for k in (32, 64, 128, 256, 512, 1024, 4096):
 
 if os.environ.get("OUT"):
     out = Path(os.environ["OUT"])
-    meta = {"device": name, "torch": torch.__version__, "impl": IMPL,
-            "command": "python3 tools/gpu/probe/lab05_fusion.py", "copy_gbps": bw / 1e9, "cublas_4096_ms": gemm_ms,
+    meta = {"device": name, "gpu": name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "impl": IMPL,
+            "command": "python3 site/data/evidence/05-tensor-cores/fusion.py", "copy_gbps": bw / 1e9,
+            "cublas_4096_ms": gemm_ms,
             "fused_4096_ms": ours_ms, "r": r, "intensity": intensity}
     (out / "lab05_fusion.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     series = []

@@ -1,6 +1,7 @@
 """Lab 07's RMSNorm backward, the staged kernel against the register kernel, over the staged bucket's shapes.
 
-    python3 tools/gpu/probe/lab07_staged.py [--impl solutions] [--first]   (JSON: $OUT/lab07-staged.json)
+    python3 site/data/evidence/07-fused-normalization/staged.py [--impl solutions] [--first]
+    (JSON: $OUT/lab07-staged.json)
 
 The staged kernel (solutions/07-fused-normalization/rms_norm.cu, rms_norm_backward_staged_kernel) takes 16-bit rows
 of 2049-4096 elements and float rows of 1025-2048 under path='auto'; path='registers' forces the register kernel.
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import jit, perf  # noqa: E402
 

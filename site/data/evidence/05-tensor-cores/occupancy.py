@@ -3,9 +3,9 @@ computes it, for the reference (`__launch_bounds__(128, kMinBlocksPerSm = 1)`) a
 kMinBlocksPerSm = 2, with the registers and shared memory behind each figure; and the time of each build's
 4-stage kernel (the one the launcher runs) against cuBLAS at 4096^3 bf16 + GELU.
 
-    python3 tools/gpu/probe/lab05_occupancy.py [IMPL_DIR]      (default: solutions; about 1-2 min, two builds)
+    python3 site/data/evidence/05-tensor-cores/occupancy.py [IMPL_DIR]   (default: solutions; 1-2 min, two builds)
 
-Why (issue 16, item 1): __launch_bounds__'s second argument is a minimum number of resident blocks that ptxas
+Why: __launch_bounds__'s second argument is a minimum number of resident blocks that ptxas
 must leave room for by capping its register budget (65536 / (128 * 2) = 256 a thread for 2: no cap below
 the 255 a thread may have anyway); it does not limit residency. What fits an SM is set by the registers ptxas
 chose and by the shared memory of the stage count: the page's "1 block/SM" and "2 blocks/SM" were the
@@ -17,15 +17,20 @@ Stdout only; with $OUT set, also $OUT/lab05_occupancy.json.
 """
 from __future__ import annotations
 
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/05-tensor-cores/
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import build, perf, trees  # noqa: E402
 from harness.mutants import plant  # noqa: E402

@@ -1,6 +1,6 @@
 """Where does lab 05's time go? Both paths and cuBLAS over shapes and activations, one process.
 
-    python3 tools/gpu/probe/lab05_shapes.py [IMPL_DIR]      (default: solutions)
+    python3 site/data/evidence/05-tensor-cores/shapes.py [IMPL_DIR]      (default: solutions)
 
 Differences between rows place the time: activation none vs gelu is the epilogue's math; K 4096
 vs 8192 splits a tile's time into a per-k-slice part and a fixed (epilogue) part; 8192^2 outputs
@@ -9,12 +9,17 @@ have 4x the tiles, so less wave quantization.
 from __future__ import annotations
 
 import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/05-tensor-cores/
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import build, perf, trees  # noqa: E402
 

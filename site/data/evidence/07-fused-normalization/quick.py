@@ -1,6 +1,6 @@
 """Lab 07's reference on the GPU box before its grader exists: right answers on every path, then the speed cases.
 
-    python3 tools/gpu/probe/lab07_quick.py [--speed] [IMPL_DIR]     (JSON to $OUT/lab07-quick.json)
+    python3 site/data/evidence/07-fused-normalization/quick.py [--speed] [IMPL_DIR]     (JSON to $OUT/lab07-quick.json)
 
 Correctness: max relative error (normwise) against float64 for softmax / RMSNorm forward and backward, each path,
 float32 / bfloat16, a few odd shapes. Speed (CUDA events, interleaved medians, L2 flushed): the issue's cases, as
@@ -17,7 +17,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
 from harness import build, jit, perf, trees  # noqa: E402

@@ -1,6 +1,7 @@
 """Lab 07, issue 13's "forward + backward >= 1.1x torch.compile of the composition", measured three ways.
 
-    python3 tools/gpu/probe/lab07_pair.py [--impl solutions] [--reps 30]   (JSON: $OUT/lab07-pair.json)
+    python3 site/data/evidence/07-fused-normalization/pair.py [--impl solutions] [--reps 30]
+    (JSON: $OUT/lab07-pair.json)
 
 Why: the grader's perf test (tests/test_07_fused_normalization.py, test_perf_rms_norm_forward_backward_vs_compiled)
 times each side with CUDA events around a call and no synchronization inside, which gives the GPU's time only where
@@ -26,7 +27,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import jit  # noqa: E402
 

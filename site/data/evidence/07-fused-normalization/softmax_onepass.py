@@ -1,6 +1,6 @@
 """Lab 07, softmax over long rows (4096 x 65536 float32): the whole 256 KiB row on chip, read from HBM once.
 
-    python3 tools/gpu/probe/lab07_softmax_onepass.py [--build-only | --print-cuda]
+    python3 site/data/evidence/07-fused-normalization/softmax_onepass.py [--build-only | --print-cuda]
     (JSON: $OUT/lab07-softmax-onepass.json)
 
 Why: issue 13 asks >= 0.85x copy for long rows, forward (2S bytes) and backward (3S); the lab's streaming kernels
@@ -42,7 +42,10 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load_inline
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 LAB_DIR = ROOT / "solutions" / "07-fused-normalization"
 FWD = ("a 1x1024 reg+smem128K", "b 2x512 reg+smem64K", "b 2x512 smem128K", "b 2x1024 reg", "b 4x512 reg",
        "b 4x256 reg+smem32K")
