@@ -1960,29 +1960,29 @@ SOFTMAX_PERF_SHAPE = (8192, 8192)
 LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # (reference target, student bar), held in the same run on the same GPU.
 # Reference targets: issue 13's where the reference reaches them, else the measured figure less a margin, with the
-# issue's number beside it. Measured on an H100 (python3 tools/gpu/probe/lab07_quick.py and this file's perf tests,
-# 2026-11-22, three runs): RMSNorm forward 97-99% of copy; 1.29-1.42x F.rms_norm (F.rms_norm 0.238-0.258 ms over
-# the runs: torch 2.11's is a fused kernel, aten::_fused_rms_norm), so 1.2 (issue: 1.3); 1.00-1.01x compiled;
-# backward 84% of copy, so 0.80 (issue: no separate figure), and forward + backward 1.02x compiled, so 0.95
-# (issue: 1.1); softmax 8192^2 97-98% forward, 99% backward; the
-# streaming path at 4096 x 65536 73-74% forward and 67% backward (H100; on an H200, the probe below: 65.7% and 68.2%),
-# so 0.62 both (the second pass re-reads the row through L2, where it is not always still there; tools/gpu/NOTES.md,
-# lab 07); Triton forward 97% of copy and 5.2x the eager composition (issue: 0.85 and 3x). Long rows on chip, the
-# issue's 0.85 forward and backward: tools/gpu/probe/lab07_softmax_onepass.py on an H200 (2026-11-26) measured the
-# kernels the lab adopted at 92.1% (forward) and 100.7% (backward) of copy; the lab's own, in this file's perf tests
-# on the same kind of H200 (seed 20261130): 0.93x and 0.88x.
-# On that H200 (2026-11-26, two runs) RMSNorm's forward measured 1.17-1.20x F.rms_norm (at 95-98% of copy: the
-# H200's F.rms_norm is relatively faster), so 1.1 for both machines; the backward 0.73-0.75x copy (0.261-0.263 ms),
-# so 0.70 (issue 13's 1.1x forward + backward waits on a faster backward: the probe's "2rows", tools/gpu/NOTES.md,
-# measured 0.90x there, but the lab's first version of it measured 0.75x and was taken out).
+# issue's number beside it. Measured on an H100 (python3 site/data/evidence/07-fused-normalization/quick.py and this
+# file's perf tests, 2026-11-22, three runs): RMSNorm forward 97-99% of copy; 1.29-1.42x F.rms_norm (F.rms_norm
+# 0.238-0.258 ms over the runs: torch 2.11's is a fused kernel, aten::_fused_rms_norm), so 1.2 (issue: 1.3);
+# 1.00-1.01x compiled; backward 84% of copy, so 0.80 (issue: no separate figure), and forward + backward 1.02x
+# compiled, so 0.95 (issue: 1.1); softmax 8192^2 97-98% forward, 99% backward; the streaming path at 4096 x 65536
+# 73-74% forward and 67% backward (H100; on an H200, the probe below: 65.7% and 68.2%), so 0.62 both (the second pass
+# re-reads the row through L2, where it is not always still there; tools/gpu/NOTES.md, lab 07); Triton forward 97% of
+# copy and 5.2x the eager composition (issue: 0.85 and 3x). Long rows on chip, the issue's 0.85 forward and backward:
+# site/data/evidence/07-fused-normalization/softmax_onepass.py on an H200 (2026-11-26) measured the kernels the lab
+# adopted at 92.1% (forward) and 100.7% (backward) of copy; the lab's own, in this file's perf tests on the same kind
+# of H200 (seed 20261130): 0.93x and 0.88x.
+# On that H200 (2026-11-26, two runs) RMSNorm's forward measured 1.17-1.20x F.rms_norm (at 95-98% of copy: the H200's
+# F.rms_norm is relatively faster), so 1.1 for both machines; the backward 0.73-0.75x copy (0.261-0.263 ms), so 0.70
+# (issue 13's 1.1x forward + backward waits on a faster backward: the probe's "2rows", tools/gpu/NOTES.md, measured
+# 0.90x there, but the lab's first version of it measured 0.75x and was taken out).
 # The staged backward (2026-11-27, tools/gpu/NOTES.md): 0.96x copy on an H100 in this file's perf test and in
-# tools/gpu/probe/lab07_staged.py (the register kernel: 0.81-0.82x), 0.845x in this file's perf test on an H200 (its
-# copy is 4.25 TB/s; the probe: 83.6%): so 0.80.
-# Forward + backward, each side timed as a CUDA graph (harness.perf.as_graph; timed as calls, the compiled side's
-# CPU time made this case read 1.09x-1.68x in different processes): on an H100 1.104-1.106x in this test, 1.102x in
-# `./course bench 07`, 1.102-1.104x in tools/gpu/probe/lab07_pair.py (2026-11-27; 1.07x in runs timed while memory
-# handed back to the driver slowed both sides, before perf.settle); 1.151x on an H200: so 1.0 (issue: 1.1, met by a
-# hair; lesson 07 section 12).
+# site/data/evidence/07-fused-normalization/staged.py (the register kernel: 0.81-0.82x), 0.845x in this file's perf
+# test on an H200 (its copy is 4.25 TB/s; the probe: 83.6%): so 0.80.
+# Forward + backward, each side timed as a CUDA graph (harness.perf.as_graph; timed as calls, the compiled side's CPU
+# time made this case read 1.09x-1.68x in different processes): on an H100 1.104-1.106x in this test, 1.102x in
+# `./course bench 07`, 1.102-1.104x in site/data/evidence/07-fused-normalization/pair.py (2026-11-27; 1.07x in runs
+# timed while memory handed back to the driver slowed both sides, before perf.settle); 1.151x on an H200: so 1.0
+# (issue: 1.1, met by a hair; lessons/notes/07-fused-normalization.md).
 # Where this GPU does not take 65536-long float32 rows on chip (the forward past sm_80's shared memory, the backward
 # before sm_90), 'auto' streams, and is held to the streaming bars (_long_row_bars).
 # Student bars (issue 11, class 6): a straightforward fused kernel passes, the lesson's technique removed fails:

@@ -188,6 +188,17 @@ def test_the_timing_file_takes_writers_on_many_threads(tmp_path):
     assert [f.name for f in tmp_path.iterdir()] == ["probe.timing.json"], "a partial file was left behind"
 
 
+def test_the_heartbeat_says_k_of_n_and_the_time_left():
+    """A long run's progress line (every PROGRESS_EVERY_S): where it is, from the child's timing file, with an
+    estimate of the time left at the pace of the tests so far, builds and GPU-lock waits not counted."""
+    assert runner.progress_line({}, 12.0, now=112.0).startswith("starting (12 s")
+    state = {"collected_at": 100.0, "tests_total": 40, "tests_done": 10, "build_s": 30.0, "lock_wait_s": 0.0}
+    assert runner.progress_line(state, 60.0, now=150.0) == "10 of 40 tests done (60 s, about 60 s left)"
+    assert runner.progress_line({**state, "build_since": 140.0}, 60.0, now=150.0) == (
+        "10 of 40 tests done, building the lab (10 s so far; the first build takes longest)")
+    assert runner.progress_line({**state, "tests_done": 0}, 60.0, now=150.0) == "0 of 40 tests done (60 s)"
+
+
 def test_process_phases_split_a_run_and_name_what_a_killed_one_was_doing():
     timing = {"collected_at": 102.0, "build_s": 20.0, "build_since": None, "alone_s": 5.0, "alone_since": None,
               "alone_build_s": 0.0}

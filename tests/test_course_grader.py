@@ -143,6 +143,8 @@ def test_gradescope_results_for_a_good_an_unfinished_and_an_uncompilable_submiss
 def test_gradescope_out_needs_the_format():
     run = subprocess.run([COURSE, "grade", "00", "--out", "x.json"], capture_output=True, text=True)
     assert run.returncode == 2 and "--format gradescope" in run.stdout, run.stdout + run.stderr
+    run = subprocess.run([COURSE, "grade", "00", "--leaderboard", "00"], capture_output=True, text=True)
+    assert run.returncode == 2 and "--format gradescope" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.skipif(not HAS_GPU, reason=NO_GPU_REASON)

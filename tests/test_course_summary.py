@@ -162,3 +162,33 @@ def test_a_single_run_counts_as_one_student():
     result = summary.summarize({"impl": "/subs/ada", "results": class_report()["ada"]})
     assert list(result["students"]) == ["ada"]
     json.dumps(result)  # the summary is plain data
+
+
+def test_speed_scores_rank_only_correct_verified_labs_and_the_summary_shows_their_spread(tmp_path):
+    """The leaderboard's number (report.speed_score): the geometric mean of the perf ratios whose output was
+    verified after timing; 0 when a correctness test failed (a failing perf bar alone does not zero it); none
+    without perf cases (graded without a GPU). Gradescope gets one leaderboard column per chosen lab; the class
+    summary shows the spread."""
+    case = {"baseline_name": "torch.mul", "student_bar": 0.5}
+    perf = [{**case, "name": "a", "ratio": 2.0, "verified": True},
+            {**case, "name": "b", "ratio": 0.5, "verified": True}]
+    passing = [_test("test_scale[31]", "passed", ["lab00.1"]),
+               {**_test("test_perf_scale", "failed", ["lab00.1"], "below the student bar"), "perf": True}]
+    fast = {"lab": LAB, "label": f"ada-{LAB}", "tests": passing, "perf": perf}
+    assert report.speed_score(fast) == 1.0  # sqrt(2.0 * 0.5); the perf bar's failure does not count
+    unverified = {**fast, "perf": [*perf, {**case, "name": "c", "ratio": 50.0}]}  # its output failed the check
+    assert report.speed_score(unverified) == 1.0
+    wrong = {**fast, "tests": [*passing, _test("test_scale[4097]", "failed", ["lab00.1"], "wrong")]}
+    assert report.speed_score(wrong) == 0.0
+    assert report.speed_score({**fast, "perf": []}) is None and report.speed_score({**fast, "error": CRASH}) == 0.0
+    board = report.gradescope([fast], ["00"])["leaderboard"]
+    assert board == [{"name": "00 speed-up over PyTorch (geomean)", "value": 1.0, "order": "desc"}]
+    assert "leaderboard" not in report.gradescope([fast]) and report.gradescope([fast], ["01"])["leaderboard"] == []
+    fastest = {**fast, "label": f"bo-{LAB}", "perf": [{**case, "name": "a", "ratio": 4.0, "verified": True}]}
+    summed = summary.summarize({"ada": [fast], "bo": [fastest], "cy": [{**wrong, "label": f"cy-{LAB}"}]})
+    assert sorted(summed["labs"][LAB]["speed"]) == [0.0, 1.0, 4.0]
+    spread = summary.speed_spread(summed["labs"][LAB]["speed"])
+    assert spread == ("speed-up over PyTorch (geomean of the perf cases), 3 students: min 0.00x, q1 0.50x, "
+                      "median 1.00x, q3 2.50x, max 4.00x; 1 at 0 (a correctness failure)")
+    written = summary.write_markdown(summed, tmp_path / "class-summary.md")
+    assert "Speed-up over PyTorch (geomean of the perf cases), 3 students" in written[0].read_text()

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash 134f83b67f5c].
+// Lab skeleton generated from solutions/01-memory-bandwidth/vector_copy.cu by `./course labs` [lab-hash ec0415fb084e].
 // Students: fill in the TODO(lab01.k) blocks, then run `./course grade 01`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 01, part 2: the copy with 16-byte accesses. One float4 load moves four floats in one
@@ -59,11 +59,12 @@ void launch_copy_vectorized(const float* src, float* dst, int64_t n, int blocks,
   // scalar when the pointers cannot align and everything is head.
   const int64_t work_items =
       std::max(course::ceil_div<int64_t>(split.vectors, kVectorsPerThread), split.head + split.tail);
-  // One block per chunk, not lesson 00's single wave. Measured on an H200 (1 GiB,
-  // tools/gpu/lab01-variants.txt): one wave reached 90% of copy bandwidth, 16 waves 94%, one
-  // block per chunk 96%. The likely reason is balance: a fixed one-wave split gives every SM the
-  // same share, so the copy ends when the slowest SM does; many small blocks are handed out as
-  // SMs free up. The grid-stride loops stay, for forced grids and for grids past INT_MAX blocks.
+  // One block per chunk, not lesson 00's single wave. Measured on an H200 (1 GiB; the variants
+  // are in site/data/evidence/01-memory-bandwidth/grid_variants.txt): one wave reached 90% of
+  // copy bandwidth, 16 waves 94%, one block per chunk 96%. The likely reason is balance: a fixed
+  // one-wave split gives every SM the same share, so the copy ends when the slowest SM does;
+  // many small blocks are handed out as SMs free up. The grid-stride loops stay, for forced
+  // grids and for grids past INT_MAX blocks.
   const int64_t chunks = course::ceil_div<int64_t>(work_items, kThreadsPerBlock);
   const int grid = blocks > 0 ? blocks : static_cast<int>(std::min<int64_t>(chunks, INT32_MAX));
   copy_vectorized_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(src, dst, split);

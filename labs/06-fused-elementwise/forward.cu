@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/forward.cu by `./course labs` [lab-hash e648e6f3fa29].
+// Lab skeleton generated from solutions/06-fused-elementwise/forward.cu by `./course labs` [lab-hash 76715f2b2f70].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06, forward: y = GELU(x + bias) in one pass. PyTorch's unfused F.gelu(x + b) reads x,
@@ -57,9 +57,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // --8<-- [start:forward_launch]
 // One thread per element (scalar) or per vector, ceil(work / 256) blocks: lab 01 measured many
 // short blocks beating one long-lived wave that grid-strides (96% against 90% of copy bandwidth,
-// tools/gpu/lab01-variants.txt), as SMs take new blocks when they free up and none ends long
-// after the others. Both kernels get the same rule, so they differ only in the width of their
-// accesses. Past INT_MAX blocks (2^39 elements) the grid-stride loops cover the rest.
+// site/data/evidence/01-memory-bandwidth/grid_variants.json), as SMs take new blocks when they
+// free up and none ends long after the others. Both kernels get the same rule, so they differ
+// only in the width of their accesses. Past INT_MAX blocks (2^39 elements) the grid-stride loops
+// cover the rest.
 static int blocks_for(int64_t work) {
   return static_cast<int>(std::min<int64_t>(course::ceil_div<int64_t>(work, kThreadsPerBlock), INT32_MAX));
 }

@@ -1,9 +1,9 @@
-# Lab skeleton generated from solutions/08-flash-attention/hopper_plan.py by `./course labs` [lab-hash a2120248dd3b].
+# Lab skeleton generated from solutions/08-flash-attention/hopper_plan.py by `./course labs` [lab-hash e5a424c18923].
 # Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """Lab 08, parts 10 and 11: the arithmetic the reference's Hopper forward (flash_forward_hopper.cu) rests on.
 
-The Hopper kernel is not a task (lesson 08, section 15: read it after rung 3 passes). These two functions are the
+The Hopper kernel is not a task (lesson 08, section 11: read it after rung 3 passes). These two functions are the
 parts of it that are bookkeeping rather than instructions, small enough to write and to check on any machine:
 
   - ring_plan and deepest_ring (lab08.10): where Q's tile, the K and V stages of the ring and the mbarriers sit in

@@ -46,6 +46,11 @@ DATA = trees.SITE_SOURCES / "data"
 WORD_BUDGET = 5000
 LESSON_PAGE = re.compile(r"^\d\d-[a-z0-9-]+\.md$")
 RULES_EXEMPT = {"instructors.md", "troubleshooting.md"}  # pages about the tooling, not lessons
+# Pages written before these rules, not yet rewritten to them: their problems are logged, not failed. The list only
+# shrinks (tests/test_course_site.py fails on an entry whose page keeps the rules now: take it off).
+NOT_YET_REWRITTEN = {
+    "06-fused-elementwise.md",
+}
 FIGURE = re.compile(r"\{\{fig\s+([^{}]*?)\s*\}\}")
 EVIDENCE_TABLE = re.compile(r"^<!--\s*evidence:\s*([0-9]{2}-[a-z0-9-]+/[A-Za-z0-9_.-]+)\s*-->[ \t]*$", re.MULTILINE)
 ENTRY_LISTS = ("cases", "kernels", "rows")
@@ -87,9 +92,11 @@ def _drop_collapsed(lines: list[str]) -> list[str]:
 
 
 def main_text(markdown: str) -> str:
-    """The text the word budget counts: no front matter, HTML comments, --8<-- includes or collapsed blocks."""
+    """The text the word budget counts: no front matter, HTML comments, --8<-- includes or collapsed blocks; each
+    {{fig}} counts as the one word it renders."""
     markdown = re.sub(r"\A---\n.*?\n---\n", "", markdown, flags=re.DOTALL)
     markdown = re.sub(r"<!--.*?-->", "", markdown, flags=re.DOTALL)
+    markdown = FIGURE.sub("0", markdown)  # a figure reads as one word, however long its marker
     lines = [line for line in markdown.splitlines() if not line.lstrip().startswith("--8<--")]
     return "\n".join(_drop_collapsed(lines))
 
@@ -125,7 +132,8 @@ def load(source: str) -> dict:
 
 
 def provenance(data: dict) -> str:
-    parts = [data.get("gpu"), f"torch {data['torch']}" if data.get("torch") else None, data.get("date")]
+    torch = f"torch {data['torch']}" if data.get("torch") else None
+    parts = [data.get("gpu") or data.get("device"), torch, data.get("date")]  # plots name the GPU "device"
     where = ", ".join(p for p in parts if p)
     return f"{where}, by `{data['command']}`" if data.get("command") else where
 
@@ -150,11 +158,16 @@ def select(data: dict, selector: str) -> dict:
 
 
 def field(entry: dict, path: str):
-    value = entry
-    for key in path.split("."):
-        if not isinstance(value, dict) or key not in value:
+    """entry[a][b][c] for "a.b.c"; where the rest of the path is itself a key, that key (Nsight Compute's metric
+    names hold dots: "metrics.dram__bytes_read.sum" is entry["metrics"]["dram__bytes_read.sum"])."""
+    value, keys = entry, path.split(".")
+    while keys:
+        rest = ".".join(keys)
+        if isinstance(value, dict) and rest in value:
+            return value[rest]
+        if not isinstance(value, dict) or keys[0] not in value:
             raise LookupError(f"no field {path!r} (the entry has {sorted(entry)[:20]})")
-        value = value[key]
+        value = value[keys.pop(0)]
     return value
 
 
@@ -225,8 +238,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     problems += found
     markdown, found = render_figures(markdown)
     problems += found
+    report = log.info if src in NOT_YET_REWRITTEN else log.warning
     for problem in problems:
-        log.warning(f"{src}: {problem}")
+        report(f"{src}: {problem}" + (" (a page not yet rewritten to the rules)" if src in NOT_YET_REWRITTEN else ""))
     return markdown
 
 

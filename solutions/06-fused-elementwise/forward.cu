@@ -73,9 +73,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // --8<-- [start:forward_launch]
 // One thread per element (scalar) or per vector, ceil(work / 256) blocks: lab 01 measured many
 // short blocks beating one long-lived wave that grid-strides (96% against 90% of copy bandwidth,
-// tools/gpu/lab01-variants.txt), as SMs take new blocks when they free up and none ends long
-// after the others. Both kernels get the same rule, so they differ only in the width of their
-// accesses. Past INT_MAX blocks (2^39 elements) the grid-stride loops cover the rest.
+// site/data/evidence/01-memory-bandwidth/grid_variants.json), as SMs take new blocks when they
+// free up and none ends long after the others. Both kernels get the same rule, so they differ
+// only in the width of their accesses. Past INT_MAX blocks (2^39 elements) the grid-stride loops
+// cover the rest.
 static int blocks_for(int64_t work) {
   return static_cast<int>(std::min<int64_t>(course::ceil_div<int64_t>(work, kThreadsPerBlock), INT32_MAX));
 }

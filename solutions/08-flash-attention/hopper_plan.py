@@ -1,6 +1,6 @@
 """Lab 08, parts 10 and 11: the arithmetic the reference's Hopper forward (flash_forward_hopper.cu) rests on.
 
-The Hopper kernel is not a task (lesson 08, section 15: read it after rung 3 passes). These two functions are the
+The Hopper kernel is not a task (lesson 08, section 11: read it after rung 3 passes). These two functions are the
 parts of it that are bookkeeping rather than instructions, small enough to write and to check on any machine:
 
   - ring_plan and deepest_ring (lab08.10): where Q's tile, the K and V stages of the ring and the mbarriers sit in

@@ -26,6 +26,8 @@ STATE: dict = {
     "lock_wait_s": 0.0,  # seconds waiting for trees.TIMING_LOCK_ENV's lock (another run had the GPU)...
     "lock_wait_since": None,  # ...and a wait under way since then (the parent's deadline does not count waits)
     "lock_wait_in_startup": False,  # the wait came before collection ended (a shared lock, taken at session start)
+    "tests_total": None,  # tests collected...
+    "tests_done": 0,  # ...and ended: the parent's progress line says "k of N"
     "test": None,  # the test under way (its node id)...
     "test_since": None,  # ...since then...
     "test_build_s": 0.0,  # ...when build_s was this: the parent's --test-deadline counts the test, not its builds
@@ -65,8 +67,8 @@ def _write() -> None:
         partial.replace(_path[0])
 
 
-def collected() -> None:
-    STATE["collected_at"] = time.time()
+def collected(total: int | None = None) -> None:
+    STATE["collected_at"], STATE["tests_total"] = time.time(), total
     _write()
 
 
@@ -124,6 +126,7 @@ def test_started(nodeid: str) -> None:
 
 def test_ended() -> None:
     STATE["test"] = STATE["test_since"] = None
+    STATE["tests_done"] += 1
     _write()
 
 

@@ -92,7 +92,7 @@ def grade_lab(args, python: str, lab, impl: str) -> dict:
                                test_deadline_s=getattr(args, "test_deadline", None))
         sanitizer.run_as_asked(args, python, result, lab, impl, label_prefix=prefix)
         return result
-    seed = args.seed if args.seed is not None else trees.seed()
+    seed = args.seed  # resolved once, in main()
     busy = trees.LOGS / f"{label}.side-work"
     busy.parent.mkdir(parents=True, exist_ok=True)
     busy.write_text("the notebook's run (and the quick sanitizer pass) is under way; the timed cases wait until this "
@@ -176,7 +176,7 @@ def _grade(args, labs, impl: str, with_tooling: bool) -> int:
         print(f"[course] wrote {args.json}")
     if getattr(args, "format", "text") == "gradescope":
         out = _gradescope_out(args)
-        report.write_json(out, report.gradescope(results))
+        report.write_json(out, report.gradescope(results, getattr(args, "leaderboard", None)))
         print(f"[course] wrote Gradescope's results.json to {out}")
     return 0 if report.all_passed(totals) else 1
 
@@ -197,6 +197,9 @@ def cmd_grade(args) -> int:
     if args.out and args.format != "gradescope":
         print("grade: --out is where --format gradescope writes results.json; add --format gradescope, "
               "or use --json for the course's own JSON")
+        return 2
+    if args.leaderboard and args.format != "gradescope":
+        print("grade: --leaderboard adds entries to Gradescope's results.json; add --format gradescope")
         return 2
     if args.all:
         return _grade_submissions(args)
@@ -259,7 +262,8 @@ def _grade_submissions(args) -> int:
                 result["shard"] = shard_tag
     default = f"grades-shard-{args.shard[0]}-of-{args.shard[1]}.json" if args.shard else "grades.json"
     _write_class(Path(args.json or (trees.BUILD / default)), everything,
-                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if gradescope else None)
+                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if gradescope else None,
+                 args.leaderboard)
     # Where the time went (each result's "phases" in the JSON says it per submission x lab).
     print(f"[course] {runner.breakdown([r for results in everything.values() for r in results], wall_s)}",
           flush=True)
@@ -273,7 +277,7 @@ def _ordinal(number: int) -> str:
 def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -> dict[str, list[dict]]:
     """`grade --all --jobs N`: every submission x lab through runner.run_class; results per student, in lab order."""
     jobs = [runner.Job(student=submission.name, lab=lab.name, lab_number=lab.number, test_file=lab.test_file,
-                       impl=str(submission), seed=args.seed if args.seed is not None else trees.seed())
+                       impl=str(submission), seed=args.seed)
             for submission, labs in plan.items() for lab in labs]
     alone = runner.perf_alone()
     print(f"[course] grading {len(jobs)} submission x lab runs, {workers} at a time ({why}); each build gets "
@@ -310,7 +314,8 @@ def _grade_concurrently(args, python: str, plan: dict, workers: int, why: str) -
     return everything
 
 
-def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: Path | None) -> None:
+def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: Path | None,
+                 leaderboard: list[str] | None = None) -> None:
     """A class report: the JSON (student: results), the CSV beside it, the rows on the terminal and, with
     `gradescope_dir`, each student's Gradescope results.json under it."""
     rows = [report.csv_row(student, result) for student, results in everything.items() for result in results]
@@ -319,7 +324,7 @@ def _write_class(out: Path, everything: dict[str, list[dict]], gradescope_dir: P
     report.print_rows(rows)
     if gradescope_dir is not None:
         for student, results in everything.items():
-            report.write_json(gradescope_dir / student / "results.json", report.gradescope(results))
+            report.write_json(gradescope_dir / student / "results.json", report.gradescope(results, leaderboard))
     print(f"[course] wrote {out} and {out.with_suffix('.csv')} ({len(everything)} student(s), {len(rows)} row(s))")
     if gradescope_dir is not None:
         print(f"[course] wrote Gradescope's results.json of each student to {gradescope_dir}/STUDENT/results.json")
@@ -363,7 +368,8 @@ def cmd_report_merge(args) -> int:
             return 2
     merged = {student: everything[student] for student in sorted(everything)}
     _write_class(Path(args.json), merged,
-                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if args.format == "gradescope" else None)
+                 (Path(args.out) if args.out else trees.BUILD / "gradescope") if args.format == "gradescope" else None,
+                 args.leaderboard)
     return 0
 
 
@@ -528,7 +534,7 @@ def cmd_setup(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """ruff over the Python, clang-format over the C++/CUDA: the style CI enforces."""
+    """ruff over the Python, clang-format over the C++/CUDA, the size budgets (sizes.py): what CI enforces."""
     python = env.python_for("lint")
     ruff = [python, "-m", "ruff", "check", *(["--fix"] if args.fix else []), str(ROOT)]
     status = subprocess.run(ruff, cwd=ROOT).returncode
@@ -541,7 +547,10 @@ def cmd_lint(args) -> int:
     if formatted and not args.fix:
         print(f"[course] lint: {len(sources)} C++/CUDA files checked against .clang-format; "
               "./course lint --fix rewrites them (then ./course labs)")
-    return 1 if status or formatted else 0
+    import sizes  # files within 800 lines and functions within 80, or on the allow-list that only shrinks
+
+    oversized = sizes.main([])
+    return 1 if status or formatted or oversized else 0
 
 
 def cmd_doctor(args) -> int:
@@ -583,6 +592,26 @@ def run_command(fn, args) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def run_flags(p, impl_default: str | None = None, impl_help: str = "") -> None:
+    """The flags of the commands that grade: -v, --deadline, --seed (and --impl, when given its default here)."""
+    if impl_default is not None:
+        p.add_argument("--impl", default=impl_default, help=impl_help)
+    p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
+                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
+                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
+    p.add_argument("--seed", type=int,
+                   help="random seed for the inputs (printed on every run; pass it to reproduce one; default: one "
+                        "drawn for the whole command)")
+
+
+def leaderboard_flag(p) -> None:
+    p.add_argument("--leaderboard", nargs="+", metavar="NN", type=lambda text: text.zfill(2)[:2],
+                   help="with --format gradescope: add Gradescope leaderboard entries for these labs, each lab's "
+                   "speed-up over PyTorch (the geometric mean of its perf ratios; 0 for a lab that fails a "
+                   "correctness test; none when graded without a GPU)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="./course", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -602,14 +631,8 @@ def main(argv=None) -> int:
     add("site", "build the site into build/site with mkdocs --strict", cmd_site)
     p = add("test", "run the whole suite (grader self-tests, then every lab) against the reference solutions", cmd_test)
     p.add_argument("labs", nargs="*", help="only these labs (e.g. 00 01)")
-    p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
-    p.add_argument("-v", "--verbose", action="store_true", help="show pytest's full output and every passing case")
     p.add_argument("--json", help="also write the results as JSON to this file")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
-                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
-                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
-    p.add_argument("--seed", type=int,
-                   help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    run_flags(p, impl_default=trees.DEFAULT_IMPL, impl_help=impl_help)
     p = add("grade", "grade labs: correctness, error handling and speed, with a per-case report", cmd_grade)
     p.add_argument("labs", nargs="*", help="lab numbers (e.g. 00)")
     p.add_argument("--impl", default="labs",
@@ -620,15 +643,11 @@ def main(argv=None) -> int:
     p.add_argument("--format", choices=("text", "gradescope"), default="text",
                    help="gradescope: also write Gradescope's results.json, one test per task, scored from POINTS "
                    "(default: %(default)s)")
+    leaderboard_flag(p)
     p.add_argument("--out", help="with --format gradescope: the results.json to write (default: "
                    f"{GRADESCOPE_RESULTS}/results.json when that folder exists, else build/results.json); with --all, "
                    "the folder that gets STUDENT/results.json (default: build/gradescope)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
-                   help="seconds before a lab's run is killed as hung, its builds not counted (a build has its own "
-                        f"limit, {runner.BUILD_DEADLINE_S} s; COURSE_BUILD_DEADLINE sets it)")
-    p.add_argument("--seed", type=int,
-                   help="random seed for the inputs (printed on every run; pass it to reproduce one)")
+    run_flags(p)
     p.add_argument("--test-deadline", type=float, default=None, metavar="SECONDS",
                    help="also kill a run as hung once one of its tests has run this long, its builds not counted "
                         "(default: off; --deadline alone). A hanging submission then costs its build and this, "
@@ -664,6 +683,7 @@ def main(argv=None) -> int:
                    help="the class report to write, and its CSV beside it (default: build/grades.json)")
     m.add_argument("--format", choices=("text", "gradescope"), default="text",
                    help="gradescope: also write each student's Gradescope results.json (default: %(default)s)")
+    leaderboard_flag(m)
     m.add_argument("--out", metavar="DIR", help="with --format gradescope: the folder that gets STUDENT/results.json "
                    "(default: build/gradescope)")
     m.add_argument("--partial", action="store_true",
@@ -726,12 +746,14 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
     p = add("setup", "install what the other commands need (done by them on first use anyway)", cmd_setup)
     p.add_argument("groups", nargs="*", help=f"{', '.join(env.GROUP_MODULES)} (default: all)")
-    p = add("lint", "check the style: ruff (Python) and clang-format (C++/CUDA), as CI does", cmd_lint)
+    p = add("lint", "check the style: ruff (Python), clang-format (C++/CUDA), size budgets, as CI does", cmd_lint)
     p.add_argument("--fix", action="store_true", help="rewrite the files instead (then run ./course labs)")
     p = add("doctor", "check the toolchain (nvcc, CUDA vs torch, ninja, compiler, GPU, disk, stale build locks)",
             cmd_doctor)
     p.add_argument("--remove-locks", action="store_true", help="delete stale build locks left by killed compiles")
     args = parser.parse_args(argv)
+    if getattr(args, "seed", 0) is None:  # the one place a run's seed is drawn: every run of the command shares it
+        args.seed = trees.seed()
     try:
         return run_command(args.fn, args)
     except (KeyError, FileNotFoundError) as error:

@@ -105,8 +105,7 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                     os.killpg(process.pid, signal.SIGKILL)
                 break
             if not verbose and not quiet and now > next_progress:
-                print(f"[course] {label}: still running ({now - started:.0f} s; "
-                      "the first build of a lab takes longest)", flush=True)
+                print(f"[course] {label}: {progress_line(_read_timing(timing_path), now - started)}", flush=True)
                 next_progress = now + PROGRESS_EVERY_S
             try:
                 line = lines.get(timeout=0.5)
@@ -199,6 +198,23 @@ def lock_waits(timing: dict) -> float:
 #   total        startup + build + correctness + sanitizer + perf: the time its processes ran, waits not counted
 PHASES = ("queued", "startup", "build", "correctness", "sanitizer", "perf_wait", "perf", "total")
 WORK_PHASES = ("startup", "build", "correctness", "sanitizer", "perf")
+
+
+def progress_line(state: dict, elapsed: float, now: float | None = None) -> str:
+    """What a run's heartbeat says: where it is (starting, building, k of N tests) and, once tests have ended, about
+    how long the rest takes at the pace so far (builds not counted: the first test of a lab builds it)."""
+    now = time.time() if now is None else now
+    if not state.get("collected_at"):
+        return f"starting ({elapsed:.0f} s: python, torch and the tests load)"
+    total, done = state.get("tests_total"), state.get("tests_done", 0)
+    if state.get("build_since"):
+        where = f"building the lab ({now - state['build_since']:.0f} s so far; the first build takes longest)"
+        return f"{done} of {total} tests done, {where}" if total else where
+    if not total:
+        return f"running ({elapsed:.0f} s)"
+    testing_s = now - state["collected_at"] - state.get("build_s", 0.0) - state.get("lock_wait_s", 0.0)
+    eta = f", about {testing_s / done * (total - done):.0f} s left" if done and done < total else ""
+    return f"{done} of {total} tests done ({elapsed:.0f} s{eta})"
 
 
 def process_phases(seconds: float, launched_at: float, ended_at: float, timing: dict) -> dict:

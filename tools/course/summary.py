@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -87,8 +88,11 @@ def summarize(class_report: dict) -> dict:
             if kind:
                 totals["errors"][lab] = kind
             failure = report.lab_failure(result)
-            entry = labs.setdefault(lab, {"graded": 0, "tasks": {}})
+            entry = labs.setdefault(lab, {"graded": 0, "tasks": {}, "speed": []})
             entry["graded"] += 1
+            speed = report.speed_score(result)
+            if speed is not None:
+                entry["speed"].append(speed)
             for row in report.task_scores(result):
                 totals["points"] += row["score"]
                 totals["max_points"] += row["max_score"]
@@ -114,6 +118,20 @@ def summarize(class_report: dict) -> dict:
     return {"rule": PASS_RULE, "students": students, "labs": dict(sorted(labs.items()))}
 
 
+def speed_spread(scores: list[float]) -> str | None:
+    """The class's spread of one lab's speed-up (report.speed_score): min, quartiles, max; None without GPU runs.
+    A 0 is a lab that failed a correctness test: its speed does not count."""
+    if not scores:
+        return None
+    ranked = sorted(scores)
+    quartiles = statistics.quantiles(ranked, n=4, method="inclusive") if len(ranked) > 1 else ranked * 3
+    points = [ranked[0], *quartiles, ranked[-1]]
+    zero = sum(1 for score in ranked if score == 0)
+    spread = ", ".join(f"{label} {value:.2f}x" for label, value in zip(("min", "q1", "median", "q3", "max"), points))
+    return (f"speed-up over PyTorch (geomean of the perf cases), {_plural(len(ranked), 'student')}: {spread}"
+            + (f"; {zero} at 0 (a correctness failure)" if zero else ""))
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
@@ -130,6 +148,8 @@ def print_table(summary: dict) -> None:
     """Per lab, per task: students passing / graded, its points, the most common failure; then each student."""
     for lab, entry in summary["labs"].items():
         print(f"\n{lab}: {_plural(entry['graded'], 'student')} graded")
+        if speed_spread(entry["speed"]):
+            print(f"  {speed_spread(entry['speed'])}")
         print(f"  {'task':<10} {'passed':>7} {'points':>6}  most common failure [students]")
         for name, task in entry["tasks"].items():
             top = task["failures"][0] if task["failures"] else None
@@ -186,8 +206,11 @@ def write_markdown(summary: dict, path: Path) -> list[Path]:
              f"{_plural(len(summary['students']), 'student')}; {summary['rule']}.", "",
              f"_{missing}_" if missing else f"![Pass rate per task]({png.name})", ""]
     for lab, entry in summary["labs"].items():
-        lines += [f"## {lab} ({_plural(entry['graded'], 'student')} graded)", "",
-                  "| task | passed | TODO left open | points | most common failures [students] |",
+        lines += [f"## {lab} ({_plural(entry['graded'], 'student')} graded)", ""]
+        spread = speed_spread(entry["speed"])
+        if spread:
+            lines += [spread[0].upper() + spread[1:] + ".", ""]
+        lines += ["| task | passed | TODO left open | points | most common failures [students] |",
                   "|---|---:|---:|---:|---|"]
         for name, task in entry["tasks"].items():
             title = f"{name}: {_clip(task['title'], 60)}" if task["title"] else name

@@ -13,19 +13,22 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 log="$OUT/next_session.txt"
 start=$(date +%s)
-# Each probe by its path (lab 06's lives next to the lesson's evidence files).
-declare -A PROBE=([lab06_gelu_erf]=site/data/evidence/06-fused-elementwise/gelu_erf.py
-                  [lab07_softmax_onepass]=tools/gpu/probe/lab07_softmax_onepass.py
-                  [lab07_rms_bwd]=tools/gpu/probe/lab07_rms_bwd.py)
-for probe in lab06_gelu_erf lab07_softmax_onepass lab07_rms_bwd; do
-  timeout 200 python3 "${PROBE[$probe]}" --build-only >"$OUT/$probe.build.txt" 2>&1 &
+# Each probe's path (lessons 06 and 07's sit beside the evidence files they wrote).
+PROBES="site/data/evidence/06-fused-elementwise/gelu_erf.py site/data/evidence/07-fused-normalization/softmax_onepass.py
+site/data/evidence/07-fused-normalization/rms_bwd.py"
+for path in $PROBES; do
+  probe=$(basename "$path" .py)
+  timeout 200 python3 "$path" --build-only >"$OUT/$probe.build.txt" 2>&1 &
 done
 wait
 echo "builds: $(($(date +%s) - start)) s" | tee "$log"
-for spec in lab06_gelu_erf:110 lab07_softmax_onepass:110 lab07_rms_bwd:150; do
-  probe=${spec%%:*}
+limits=(110 110 150)
+i=0
+for path in $PROBES; do
+  probe=$(basename "$path" .py)
   t=$(date +%s)
-  timeout "${spec##*:}" python3 "${PROBE[$probe]}" 2>&1 | tee "$OUT/$probe.txt"
+  timeout "${limits[$i]}" python3 "$path" 2>&1 | tee "$OUT/$probe.txt"
   echo "$probe: exit ${PIPESTATUS[0]}, $(($(date +%s) - t)) s" | tee -a "$log"
+  i=$((i + 1))
 done
 echo "total: $(($(date +%s) - start)) s" | tee -a "$log"
