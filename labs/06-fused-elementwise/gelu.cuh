@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/06-fused-elementwise/gelu.cuh by `./course labs` [lab-hash ddb7217cae60].
+// Lab skeleton generated from solutions/06-fused-elementwise/gelu.cuh by `./course labs` [lab-hash 09723c3bd1da].
 // Students: fill in the TODO(lab06.k) blocks, then run `./course grade 06`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 06's device math, shared by the forward and the backward: GELU with its derivative in both
@@ -86,7 +86,8 @@ constexpr float kTailClamp = 6.0f;                        // H is fitted on [0, 
 
 // 2^x with the hardware's approximation, one MUFU.EX2 (.ftz: results below 2^-126 become 0). Its
 // error is a few ulps: a CPU emulation reproduces the H200's counts above with a uniform +-1.5 ulps
-// (site/data/evidence/06-fused-elementwise/gelu_fit.md). exp2f would add range handling for subnormal results that h never needs.
+// (site/data/evidence/06-fused-elementwise/gelu_fit.md). exp2f would add range handling for subnormal results
+// that h never needs.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

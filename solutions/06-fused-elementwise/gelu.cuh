@@ -83,7 +83,8 @@ constexpr float kTailClamp = 6.0f;                        // H is fitted on [0, 
 
 // 2^x with the hardware's approximation, one MUFU.EX2 (.ftz: results below 2^-126 become 0). Its
 // error is a few ulps: a CPU emulation reproduces the H200's counts above with a uniform +-1.5 ulps
-// (site/data/evidence/06-fused-elementwise/gelu_fit.md). exp2f would add range handling for subnormal results that h never needs.
+// (site/data/evidence/06-fused-elementwise/gelu_fit.md). exp2f would add range handling for subnormal results
+// that h never needs.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

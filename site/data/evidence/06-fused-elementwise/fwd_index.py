@@ -1,8 +1,10 @@
 """Lab 06's vectorized forward: does the per-vector 64-bit column remainder cost the bfloat16 erf kernel its speed?
 
-    python3 site/data/evidence/06-fused-elementwise/fwd_index.py      (prints a table; JSON to $OUT/lab06-fwd-index.json)
+    python3 site/data/evidence/06-fused-elementwise/fwd_index.py
+    (prints a table; JSON to $OUT/lab06-fwd-index.json)
 
-ncu (site/data/evidence/06-fused-elementwise/ncu.py) counts 80.5M warp instructions for the bfloat16 erf forward at (8192, 8192):
+ncu (site/data/evidence/06-fused-elementwise/ncu.py) counts 80.5M warp instructions for the bfloat16 erf forward at
+(8192, 8192):
 38 per element, issue slots 78% busy, DRAM 60% (base clocks). Three self-contained versions of the same
 kernel, same GELU, same 16-byte packs, timed against a copy in one process:
   mod64  the lab's: one thread per vector, bias pack at v % packs_per_row (a 64-bit remainder per vector);

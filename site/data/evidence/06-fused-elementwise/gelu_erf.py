@@ -392,7 +392,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-# ---- CPU emulation (`--emulate`, no GPU): site/data/evidence/06-fused-elementwise/gelu_fit.md. Every float32 operation of the
+# ---- CPU emulation (`--emulate`, no GPU): gelu_fit.md, beside this file. Every float32 operation of the
 # exp2 formulas and of the lab's erf form (transcribed from nvcc 13.0 -O3 sm_90a PTX of gelu<kErf> / gelu_grad<kErf>,
 # erff inlined) in float64 holding float32 values: products of two float32 are exact in float64; an FMA's sum is
 # rounded once to float64 and then to float32, and the one case where that double rounding can differ from fmaf (the

@@ -1,6 +1,7 @@
 """Every figure lesson 06's page quotes, measured in one process on the GPU box.
 
-    python3 site/data/evidence/06-fused-elementwise/page.py [IMPL_DIR]      (default: solutions; JSON to $OUT/lab06-page.json)
+    python3 site/data/evidence/06-fused-elementwise/page.py [IMPL_DIR]
+    (default: solutions; JSON to $OUT/lab06-page.json)
 
 At x = (8192, 8192), float32 and bfloat16 (S = the bytes of one such tensor):
   - times: the fused forward (16-byte and scalar kernels), eager F.gelu(x + b), torch.compile of it; the fused
