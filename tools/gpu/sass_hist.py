@@ -7,7 +7,7 @@
 OBJ: an object or library with sm_XX code, e.g. `nvcc -O3 -std=c++17 -arch=sm_90a -Iinclude -c rms_norm.cu -o a.o`
 in a lab folder. Needs cuobjdump and nvdisasm on PATH: not in this machine's CUDA, but in PyPI's
 nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (unzip them; the binaries are under nvidia/cu13/bin).
-Static counts: a loop's body counts once. Lab 07's staged backward (tools/gpu/NOTES.md, 2026-11-26): 1768
+Static counts: a loop's body counts once. Lab 07's staged backward (NOTES.md@8a81008, 2026-11-26): 1768
 instructions against the probe's 1528, 192 of the difference PRMTs.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The three speed-gap probes of issues 12 and 13 in one device call (tools/gpu/NOTES.md, "Probes for the three speed
+# The three speed-gap probes of issues 12 and 13 in one device call (NOTES.md@8a81008, "Probes for the three speed
 # gaps"): the three builds (each probe's extension, labs 06 and 07) in parallel first, then each probe alone on the
 # GPU, so that no timing overlaps a build or another probe. Everything lands in $OUT: <probe>.txt (the tables),
 # <probe>.build.txt, the probes' JSON, next_session.txt (exit codes and seconds).

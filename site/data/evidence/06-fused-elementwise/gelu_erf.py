@@ -12,7 +12,7 @@ text below is the probe as written before the adoption, with "the lab's formula"
 (1) is the table the lesson prints: run it after any change to the lab's GELU.
 
 Why: issue 12 asks >= 0.90x copy forward and backward; the lab's bf16 erf kernels reach 0.81-0.85x / 0.86-0.89x on an
-H100, at 38 / 47 warp instructions per element with the issue slots 76-78% busy (ncu, tools/gpu/NOTES.md). The lab's
+H100, at 38 / 47 warp instructions per element with the issue slots 76-78% busy (ncu, NOTES.md@8a81008). The lab's
 erff is already branch-free in SASS (9 FSEL of coefficients, 7 FFMA, a predicated MUFU.EX2, no BRA: nvcc 13.0,
 sm_90a), so a branch-free erff buys nothing. Static SASS per element here (sm_90a): forward rowblock 36, x2+bitcvt 36,
 exp2 27, x2+exp2 26; backward loop body replica ~46, exp2 ~31.
@@ -355,7 +355,7 @@ CPP = r"""
 void run_forward(int, const void*, const void*, void*, int64_t, int64_t, cudaStream_t);
 void run_backward(int, const void*, const void*, const void*, void*, void*, float*, int64_t, int64_t, cudaStream_t);
 void run_sweep(unsigned long long*, int, cudaStream_t);
-// No numbers in TORCH_CHECK messages (tools/gpu/NOTES.md: an integer written to an ostringstream crashes on the box).
+// No numbers in TORCH_CHECK messages (NOTES.md@8a81008: an integer written to an ostringstream crashes on the box).
 static void check(const torch::Tensor& t, const torch::Tensor& x) {
   TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == torch::kBFloat16, "contiguous bfloat16 CUDA only");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "16-byte aligned tensors only");

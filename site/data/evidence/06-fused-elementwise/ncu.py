@@ -6,7 +6,7 @@
 
 One launch each, in this order, at x = (8192, 8192): float32 erf, bfloat16 erf, bfloat16 tanh (each bfloat16
 forward followed by its backward, which a --kernel-name regex:bias_gelu_backward_kernel run profiles). The three
-reach 0.98x, 0.81-0.85x and 0.92-0.95x of copy bandwidth (tools/gpu/NOTES.md); the profile says whether
+reach 0.98x, 0.81-0.85x and 0.92-0.95x of copy bandwidth (NOTES.md@8a81008); the profile says whether
 the bfloat16 erf kernel is short of memory traffic because its arithmetic pipes are full.
 """
 from __future__ import annotations
