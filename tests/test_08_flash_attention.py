@@ -149,7 +149,7 @@ MUTANTS = [
     # Race (issue 11, class 2): a tile read before its cp.async copies landed, here Q_i, read into fragments right
     # after it is issued (the prologue's wait lets Q's own group stay in flight): the ldmatrix reads whatever the
     # last block on the SM left in shared memory. The same off-by-one at K_j's wait (wait_copies<2> at the loop
-    # top) was tried first and passed every case on an H200 (2026-11-26, tools/gpu/NOTES.md): K_0 is issued just
+    # top) was tried first and passed every case on an H200 (NOTES.md@8a81008): K_0 is issued just
     # after Q_i and lands while Q's wait and fragment loads run, and each later K_j had a whole block's work to land.
     harness.Mutant("forward-q-read-before-it-landed", "flash_forward.cu",
                    "  wait_copies<2>();\n  __syncthreads();\n  uint32_t q_fragments",
