@@ -651,21 +651,21 @@ FUSION_BARS = {"student_bar": 0.85, "target": 1.10}
 # as the model assumes; the unfused pair moves 6 bytes an element, 0.4 GB, about 0.1 ms on an H200, far above a
 # launch's cost; x and weight are 1 MB each. The k-loop is 2 k-slices, so pipelining barely matters: the case
 # grades the fusion and the epilogue's stores. bf16 from sm_80, fp16 on sm_75 (the same bytes).
-# Measured (H100, 2026-11-27, python3 site/data/evidence/05-tensor-cores/fusion.py; I = 260): the model was wrong for the first
+# Measured (H100, python3 site/data/evidence/05-tensor-cores/fusion.py; I = 260): the model was wrong for the first
 # version of the kernel. At K = 64 it took 0.246 ms against gelu(addmm)'s 0.150: 0.61x, not 2-3x, and 0.60-0.62x at
 # every K from 32 to 256. Its output left at 18% of copy bandwidth (the GELU pass alone: 95%), so t_fused was ~11
 # units, not 2-3.5: its epilogue stored each accumulator pair from the registers, 4 bytes a lane. Staging the warp's
 # tile in the freed cp.async ring and storing 16 bytes a lane (linear_act.cu's epilogue, issue 16 item 3) made it a
 # win: 1.22x at this shape, and the 4096^3 ratio to the GEMM alone went from 0.465x to 0.489x (H100, python3
-# tools/gpu/variants.py 05 with tools/gpu/lab05-epilogue-variants.txt's "stage" and "bias" lines, the unstaged
-# kernel timed beside them: 0.61x again, 0.605x and 0.607x in two calls). Bars: the reference's target 1.10x,
-# under its 1.22x; the student's 0.85x, well under the staged 1.22x and well over the unstaged 0.61x, so a
-# submission that stores from the registers fails here (the perf mutant "unstaged-epilogue", in MUTANTS). Measured on
-# an H100 only, and the same bars apply on every GPU (no other GPU has run the staged kernel).
-# On an NVIDIA H200 the reference measured 1.01x (2026-12-02, `pytest tests/test_05_tensor_cores.py -m perf`: 0.123 ms
-# against gelu(addmm)'s 0.125): the fused kernel runs at ~70 TFLOP/s, bound by its mma.sync k-loop and epilogue, not by
-# its bytes, so it takes the H100's time, while gelu(addmm)'s memory-bound GELU pass gains the H200's 1.4x bandwidth.
-# The H200's target is 0.95x under that; the student bar stays 0.85x.
+# tools/gpu/variants.py 05 with tools/gpu/lab05-epilogue-variants.txt's "stage" and "bias" lines, the unstaged kernel
+# timed beside them: 0.61x again, 0.605x and 0.607x in two calls). Bars: the reference's target 1.10x, under its
+# 1.22x; the student's 0.85x, well under the staged 1.22x and well over the unstaged 0.61x, so a submission that
+# stores from the registers fails here (the perf mutant "unstaged-epilogue", in MUTANTS). Measured on an H100 only,
+# and the same bars apply on every GPU (no other GPU has run the staged kernel). On an NVIDIA H200 the reference
+# measured 1.01x (2026-12-02, `pytest tests/test_05_tensor_cores.py -m perf`: 0.123 ms against gelu(addmm)'s 0.125):
+# the fused kernel runs at ~70 TFLOP/s, bound by its mma.sync k-loop and epilogue, not by its bytes, so it takes the
+# H100's time, while gelu(addmm)'s memory-bound GELU pass gains the H200's 1.4x bandwidth. The H200's target is 0.95x
+# under that; the student bar stays 0.85x.
 FUSION_TARGET_BY_GPU = {"H200": 0.95}
 
 

@@ -781,17 +781,17 @@ def test_block_on_a_side_stream(mode):
 # the reference's and still fails one that does per-call Python work in grad mode as well.
 OVERHEAD_SHAPE = (8, 64)
 OVERHEAD_TARGET_US, OVERHEAD_STUDENT_US = 5.0, 10.0
-# The decoder block at batch 8, seq 2048, hidden 2048, 16 heads on 4 KV heads (head_dim 128), bf16, forward and
-# backward (torch.autograd.grad of x and every parameter). PyTorch's block runs SDPA's default backend, cuDNN's
-# attention; the projections and the MLP are cuBLAS in both. Measured on an H100 (2026-11-26, the Hopper forward and
-# backward of lesson 08, the backward's blocks in groups of heads, longest first): `./course bench 09` 1.03x eager
-# (8.71 against 8.94 ms) and 1.00x compiled (8.601 against 8.610 ms); tools/gpu/probe/lab09_block_profile.py 1.02x
-# and 1.01x. SYLLABUS §5 row 09's "compiled not slower" is a tie there, so the reference targets are the measured
-# ratios less a 5% margin for run-to-run noise: 0.95 both (an H200 has not run this code; before the Hopper paths it
-# measured 0.86-0.89x). Student bars 0.55: from lesson 08's bench (FA2 0.483 ms forward, 1.393 ms backward at causal
-# d128, seqlen 2048, on an H200), a student whose lesson 08 kernels sit at that lesson's bars (forward 0.5x, backward
-# 0.35x FA2) spends about 2.8 ms more on attention here, which puts the block near 0.67-0.69x; a bar near that would
-# grade lesson 08 again.
+# The decoder block at batch 8, seq 2048, hidden 2048, 16 heads on 4 KV heads (head_dim 128), bf16, forward and backward
+# (torch.autograd.grad of x and every parameter). PyTorch's block runs SDPA's default backend, cuDNN's attention; the
+# projections and the MLP are cuBLAS in both. Measured on an H100 (2026-11-26, the Hopper forward and backward of lesson
+# 08, the backward's blocks in groups of heads, longest first): `./course bench 09` 1.03x eager (8.71 against 8.94 ms)
+# and 1.00x compiled (8.601 against 8.610 ms); site/data/evidence/09-custom-ops/block_profile.py 1.02x and 1.01x.
+# SYLLABUS §5 row 09's "compiled not slower" is a tie there, so the reference targets are the measured ratios less a 5%
+# margin for run-to-run noise: 0.95 both (an H200 measured 1.03x and 1.00x too; before the Hopper paths,
+# 0.86-0.89x). Student bars 0.55: from lesson 08's bench (FA2 0.483 ms forward, 1.393 ms backward at causal d128, seqlen
+# 2048, on an H200), a student whose lesson 08 kernels sit at that lesson's bars (forward 0.5x, backward 0.35x FA2)
+# spends about 2.8 ms more on attention here, which puts the block near 0.67-0.69x; a bar near that would grade lesson
+# 08 again.
 BLOCK_PERF = S.BlockCase("perf", 2048, 16, 4, 8, 2048, BF16)
 PERF_BARS = {"decoder block forward+backward, eager": (0.95, 0.55),
              "decoder block forward+backward, compiled": (0.95, 0.55)}

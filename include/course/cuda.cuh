@@ -99,7 +99,7 @@ inline int device_attribute(cudaDeviceAttr attribute) {
 // (`cache` is the caller's: a process may hold a Hopper GPU and an older one). The read itself,
 // [](int* out) { return cudaMemcpyFromSymbol(out, flag, sizeof(int)); }, is written in the flag's own .cu file, the
 // symbol named there: passed in here as a const int& and read as cudaMemcpyFromSymbol(out, &flag, ...), every
-// read failed with cudaErrorInvalidSymbol (an H100, 2026-11-26; why was not found).
+// read failed with cudaErrorInvalidSymbol (an H100; why was not found).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define COURSE_SM90A_IMAGE_FLAG(name) __device__ int name = 1
 #else
@@ -146,7 +146,7 @@ int resident_blocks_per_sm(PerDeviceCache& cache, Kernel kernel, int threads_per
 // launcher source. Lab 09 compiles lab 08's sources again: with lab 08's module loaded in the same
 // process, lab 08's "opted in" flag told lab 09's launcher that its own kernel, a different
 // function in a different library, had opted in, and the launch failed with cudaErrorInvalidValue
-// (2026-11-26, an H100). A cached value (an attribute, an occupancy) of the same code is the same in
+// (an H100). A cached value (an attribute, an occupancy) of the same code is the same in
 // every library; a side effect on one library's kernel is not.
 inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, const char* what, int carveout) {
   struct Done {
@@ -189,7 +189,7 @@ void opt_in_dynamic_shared(Kernel kernel, size_t bytes, const char* what, int ca
 // wrote (the wait returns once that kernel has finished and its writes are visible). allow_next_grid() lets the
 // kernel after this one, launched so, be scheduled before this one's blocks exit. Lab 07's RMSNorm backward: with
 // both of its kernels launched so, forward + backward measured 1.8-2.5 us (0.4-0.5%) less on an H100
-// (tools/gpu/NOTES.md). Before sm_90 the launch is an ordinary one and both device calls compile to nothing.
+// (lesson 07's notes). Before sm_90 the launch is an ordinary one and both device calls compile to nothing.
 __device__ __forceinline__ void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

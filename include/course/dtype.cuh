@@ -92,8 +92,8 @@ static_assert(sizeof(Pack<__nv_bfloat16, 8>) == kVectorBytes && alignof(Pack<flo
 // of two bfloat16s widens with integer operations: the low element shifted up, the high one masked (exact, NaN and
 // subnormals included). Element by element, to_compute is __bfloat162float, an inline-PTX conversion the compiler
 // does not see through: it split each word into halves first, one PRMT a pair. Lab 07's staged RMSNorm backward
-// (bfloat16, nvcc 13.0, sm_90a, tools/gpu/sass_hist.py) had 1768 SASS instructions, 192 of them PRMT; widened here,
-// 1576 and none. The pack is taken by value: by reference (a memcpy from the caller's pack), nvcc turned a weight
+// (bfloat16, nvcc 13.0, sm_90a, counted from cuobjdump -sass) had 1768 SASS instructions, 192 of them PRMT; widened
+// here, 1576 and none. The pack is taken by value: by reference (a memcpy from the caller's pack), nvcc turned a weight
 // load of one LDG.E.128 into byte loads.
 template <typename T, int kElems>
 __device__ __forceinline__ void widen_pack(Pack<T, kElems> pack, Compute<T> (&out)[kElems]) {
@@ -117,7 +117,7 @@ __device__ __forceinline__ void widen_pack(Pack<T, kElems> pack, Compute<T> (&ou
 // lab 07's staged RMSNorm backward (4 rows a step, unrolled), nvcc 13.0 (sm_90a) split two of its eight 16-byte
 // grad_x stores a step into 2- and 4-byte ones (its PTX: 12 st.global.u16 and 2 st.global.v2.u16 beside 6
 // st.global.v4.u32; stored through a uint4 instead, 4 st.global.u32 each). With every pack one store, that kernel
-// measured 276.4 us against 277.3 on an H100 (tools/gpu/NOTES.md, lab 07). A full pack here is one st.global.v4
+// measured 276.4 us against 277.3 on an H100 (lesson 07's notes). A full pack here is one st.global.v4
 // (STG.E.128) whatever the compiler infers; the "memory" clobber keeps it in program order with the kernel's other
 // memory accesses.
 template <typename T, int kElems>

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/normalization.h by `./course labs` [lab-hash 710430f6cc0b].
+// Lab skeleton generated from solutions/07-fused-normalization/normalization.h by `./course labs` [lab-hash ba71293cf512].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07's kernel launchers: plain pointers, sizes and a stream, no torch types, so the kernel
@@ -76,7 +76,7 @@ constexpr int64_t max_warp_row() {
 // pass wants to find in L2 (50 MB on an H100). ptxas gives the float32 softmax forward 34
 // registers a thread, so an SM holds one such block (65536 / 1024 = 64 registers for 2 would need
 // 32 each): 132 rows in flight, 34 MB at n = 65536 floats. Measured on an H100 at 4096 x 65536
-// float32 (tools/gpu/NOTES.md, lab 07): 73% of copy bandwidth forward and 67% backward with the
+// float32 (lesson 07's notes): 73% of copy bandwidth forward and 67% backward with the
 // second pass walking the row last batch first, 67% and 61% front first, where a re-read served
 // entirely by L2 would approach 100%: L2 serves part of it.
 constexpr int kStreamThreads = 1024;
@@ -85,10 +85,10 @@ constexpr int kStreamThreads = 1024;
 constexpr int kStreamPacksInFlight = 4;
 
 // --8<-- [start:on_chip]
-// The on-chip path of softmax (issue 13): a row past the register path read from HBM once and kept
+// The on-chip path of softmax: a row past the register path read from HBM once and kept
 // on chip until its output is written, instead of streaming it twice with the second read served
 // by L2 only in part. Measured with site/data/evidence/07-fused-normalization/softmax_onepass.py
-// on an H200 at 4096 x 65536 float32 (tools/gpu/NOTES.md, lab 07): forward 92.1% of copy against
+// on an H200 at 4096 x 65536 float32 (lesson 07's notes): forward 92.1% of copy against
 // the streaming kernel's 65.7%, backward 100.7% against 68.2%.
 //
 // Forward: one block of kOnChipThreads per row, the largest block there is, so that a row is one

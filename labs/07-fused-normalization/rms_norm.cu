@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash ff7f59a0aef4].
+// Lab skeleton generated from solutions/07-fused-normalization/rms_norm.cu by `./course labs` [lab-hash 71ec543f2b8d].
 // Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 07, RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kStreamThreads)
 // --8<-- [end:backward]
 
 // --8<-- [start:backward_staged]
-// The staged path of the backward (issue 13; 'auto' takes it for full rows where it runs: staged_grid). The
+// The staged path of the backward ('auto' takes it for full rows where it runs: staged_grid). The
 // register kernel's arithmetic, fed differently. The register kernel (a block of 256 threads a row) loads a row, waits
 // for it, reduces it over the block behind a barrier, stores, and only then loads the next: 64 bytes a thread in
 // flight, none across the barrier. Nsight Compute, H100, (8, 4096, 4096) bfloat16: DRAM 74% of peak, 24% of warp
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   // partials: (G, n). A thread's kElems sums of a pack are consecutive columns: written as 16-byte packs of C, as
   // the rows are. With scalar stores (8 a pack) the kernel wrote 13.29 M L2 sectors where the probe's, whose
   // partials are 16-byte stores, wrote 12.70 M (Nsight Compute); as packs it measured 95.6% of copy against 94.8-95.0
-  // (bfloat16, H100, separate calls; tools/gpu/NOTES.md, lab 07).
+  // (bfloat16, H100, separate calls; lesson 07's notes).
   constexpr int kSumElems = course::kElemsPerVector<C>;
   static_assert(kElems % kSumElems == 0, "a pack's sums are whole 16-byte packs of C");
 #pragma unroll

@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 74ad31295477].
+// Lab skeleton generated from solutions/08-flash-attention/flash_backward_hopper.cu by `./course labs` [lab-hash 8bbd81dd4904].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08, the reference's Hopper path of rung 4 (sm_90a): the same backward as flash_backward.cu (same
@@ -96,8 +96,8 @@ static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRe
 // and D rows with ordinary loads, and an mbarrier arrival releases the arriving thread's own accesses only. With
 // one arrival a warp racecheck reported each D load against the producer's next bulk copy into the stage (15360
 // errors in the quick pass's 2 backward cases; with __syncwarp before it, still 282624 over 56 cases); with one a
-// thread, 0 over the 56. Same time at the block's shape: 1.329 vs 1.332 ms (2026-11-26, an H100,
-// tools/gpu/probe/lab08_hopper_bwd.py).
+// thread, 0 over the 56. Same time at the block's shape: 1.329 vs 1.332 ms (an H100;
+// lesson 08's notes, "Hopper backward").
 constexpr int kEmptyArrivals = kConsumers * kWarpgroupThreads;
 // --8<-- [end:hopper_backward_release]
 // Named barriers (0 is __syncthreads'): the 256 consumer threads; each consumer warpgroup's 128.
@@ -251,9 +251,9 @@ __device__ inline void atomic_add_pair(float* address, float first, float second
 // So the grid takes the (batch, kv head)s in groups of p.wave_heads, whose key blocks fill about one wave (the
 // launcher: SMs / key blocks, 132 / 16 = 8 at seqlen 2048), and within a group key block 0 of every head first,
 // then key block 1, ...: the longest first. At the block shape (8, 2048, 16 query on 4 kv heads, d128, causal; an
-// H100, 2026-11-26): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121. Bulk reductions (cp.reduce.async.bulk)
+// H100): rung 4's order 1.308-1.315 ms; groups of 8 heads 1.121. Bulk reductions (cp.reduce.async.bulk)
 // in place of the atomics cost the same (1.125 ms). Every variant, with Nsight Compute's DRAM
-// bytes: tools/gpu/lab08-lpt-variants.txt and lesson 08's notes, "block order" (lessons/notes/08-flash-attention.md).
+// bytes: lesson 08's notes, "block order" (lessons/notes/08-flash-attention.md).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,

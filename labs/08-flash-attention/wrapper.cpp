@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/08-flash-attention/wrapper.cpp by `./course labs` [lab-hash caebeb0eb5ae].
+// Lab skeleton generated from solutions/08-flash-attention/wrapper.cpp by `./course labs` [lab-hash e1be1c159042].
 // Students: fill in the TODO(lab08.k) blocks, then run `./course grade 08`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lab 08's host wrapper: checks, the device and stream, the outputs and workspaces, launches. The
@@ -35,7 +35,7 @@ enum class ForwardPath { kAuto, kPortable, kHopper, kHopperSimple, kHopperOverla
 
 // --8<-- [start:hopper_default]
 // The Hopper kernel's pipeline for path 'auto' and 'hopper': the simple one. FlashAttention-3's intra-warpgroup
-// overlap measured slower here (H100, python3 tools/gpu/probe/lab08_hopper.py, 2026-11-26, bf16 (8, 16, 4096..8192):
+// overlap measured slower here (H100, lesson 08's notes, bf16 (8, 16, 4096..8192):
 // 0.71-0.74x cuDNN against 0.82-0.87x at d128, 0.81-0.84x against 0.87-0.90x at d64); 'hopper_simple' and
 // 'hopper_overlap' pick either, so that both stay timed.
 constexpr bool kHopperOverlapByDefault = false;

@@ -41,10 +41,10 @@ constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
 constexpr double kTanhCubic = 0.044715;                  // the cubic term of the tanh approximation
 
 // --8<-- [start:gelu_exp2]
-// The erf form without erff, for the 16-bit types (bfloat16, float16). Issue 12 asks the bf16
-// kernels for 0.90x of copy bandwidth; with erff they reach 0.65x forward and 0.71x backward on an
-// H200, because erff is ~22 of the GELU's ~32 instructions per element (SASS, tools/gpu/NOTES.md).
-// With this one they reach 0.99x and 0.93x on an H100 (`./course bench 06`, 2026-11-26).
+// The erf form without erff, for the 16-bit types (bfloat16, float16). With erff the bf16 kernels
+// reach 0.65x of copy forward and 0.71x backward on an H200, because erff is ~22 of the GELU's ~32
+// instructions per element (SASS); with this one they reach 0.99x and 0.93x on an H100 (lesson 06's
+// results, and its notes for how this form was chosen).
 //
 // Write h = Phi(-|u|) = 0.5 erfc(|u| / sqrt 2), the normal tail. Then GELU(u) = u Phi(u) is
 //   u (1 - h) for u >= 0,  u h for u < 0,  both  fma(-|u|, h, max(u, 0)),
@@ -63,18 +63,18 @@ constexpr double kTanhCubic = 0.044715;                  // the cubic term of th
 // The coefficients, H(v) = sum c_k v^k: a weighted minimax fit on [0, 6] (Lawson's iteration on
 // 6000 points, weight Phi(-v) + 1e-4: absolute error in h near v = 0, where Phi(u) = 1 - h needs
 // it, relative in the tail, where y = u h needs it), each rounded to float once. Regenerate with
-// `python3 tools/gpu/probe/lab06_gelu_erf.py --fit` (CPU, fit_tail(10); it prints them as hex
-// floats). The least-squares solves differ slightly between numpy/LAPACK builds: a CPU run on
-// 2026-11-27 printed these but for c5, 0x1.4e07f6p-16 (4 float ulps off, on a term of 2e-5). The
+// `python3 site/data/evidence/06-fused-elementwise/gelu_erf.py --fit` (CPU, fit_tail(10); it prints them as hex
+// floats). The least-squares solves differ slightly between numpy/LAPACK builds: one CPU run
+// printed these but for c5, 0x1.4e07f6p-16 (4 float ulps off, on a term of 2e-5). The
 // set below is the one measured on the GPU. The degree-9 fit it prints saves one FFMA and is less
 // accurate for u < 0.
 //
-// Accuracy, every finite float32 u (2^32 inputs; `python3 tools/gpu/probe/lab06_gelu_erf.py`, H200
-// and H100, the same counts, 2026-11-26), bfloat16 results one step or more off the correctly
+// Accuracy, every finite float32 u (2^32 inputs; `python3 site/data/evidence/06-fused-elementwise/gelu_erf.py`, H200
+// and H100, the same counts), bfloat16 results one step or more off the correctly
 // rounded float64 GELU, per region u >= 0 | -5.5 <= u < 0 | u < -5.5: erff form 3805 | 2199240 |
 // 11074556, this one 4451 | 14034 | 9989771; worst steps 1 | 89 | 13241 against 1 | 1 | 452. The
 // 646 more for u >= 0 (of 2^31) come from ex2.approx's own error (a few ulps), which no choice of
-// coefficients removes (tools/gpu/probe/lab06_gelu_fit.md); the lesson's section 2 has the whole
+// coefficients removes (site/data/evidence/06-fused-elementwise/gelu_fit.md); lesson 06's notes have the whole
 // table and the decision. float32 keeps erff: its kernels already run at copy speed (nothing to
 // gain), and the table counts bfloat16 steps, not the float32 ulps a float32 output would show.
 constexpr float kHalfLog2e = -0.72134752044448170f;       // A = -log2(e) / 2
@@ -83,7 +83,8 @@ constexpr float kTailClamp = 6.0f;                        // H is fitted on [0, 
 
 // 2^x with the hardware's approximation, one MUFU.EX2 (.ftz: results below 2^-126 become 0). Its
 // error is a few ulps: a CPU emulation reproduces the H200's counts above with a uniform +-1.5 ulps
-// (lab06_gelu_fit.md). exp2f would add range handling for subnormal results that h never needs.
+// (site/data/evidence/06-fused-elementwise/gelu_fit.md). exp2f would add range handling for subnormal results
+// that h never needs.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -147,7 +148,7 @@ constexpr bool kExp2Erf = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, 
 // (erfcf: ~70 PTX instructions against erff's ~29). PyTorch's kernels compute both forms with the
 // cancelling expressions. The 16-bit types (T = __nv_bfloat16, __half; the arithmetic is float for
 // them too) take gelu_erf_exp2 above instead: no cancellation, and fewer instructions (static
-// SASS per element, sm_90a: ~17 for the GELU against ~27; tools/gpu/NOTES.md).
+// SASS per element, sm_90a: ~17 for the GELU against ~27).
 template <typename F>
 struct Sigmoid2k {  // sigma(2k) and the pieces of it that the derivative reuses
   F a;              // exp(-2 |k|), in (0, 1]

@@ -32,7 +32,7 @@ enum class ForwardPath { kAuto, kPortable, kHopper, kHopperSimple, kHopperOverla
 
 // --8<-- [start:hopper_default]
 // The Hopper kernel's pipeline for path 'auto' and 'hopper': the simple one. FlashAttention-3's intra-warpgroup
-// overlap measured slower here (H100, python3 tools/gpu/probe/lab08_hopper.py, 2026-11-26, bf16 (8, 16, 4096..8192):
+// overlap measured slower here (H100, lesson 08's notes, bf16 (8, 16, 4096..8192):
 // 0.71-0.74x cuDNN against 0.82-0.87x at d128, 0.81-0.84x against 0.87-0.90x at d64); 'hopper_simple' and
 // 'hopper_overlap' pick either, so that both stay timed.
 constexpr bool kHopperOverlapByDefault = false;

@@ -12,8 +12,8 @@
 //    GemmUniversalAdapter, which also checks the problem (can_implement) and sizes the workspace.
 // Built for sm_90a only (nvcc -arch=sm_90a; TORCH_CUDA_ARCH_LIST=9.0a): on any other target CUTLASS compiles
 // the kernel's body away, and gemm_bias_gelu_sm90_available() says false.
-// STATUS (2026-11-26): compiles for sm_90a with the pinned nvidia-cutlass 4.2.0.0 and nvcc 13.0; never run
-// (written on a machine without a GPU). See tools/gpu/lab10-cutlass-NOTES.md.
+// Compiles for sm_90a with the pinned nvidia-cutlass 4.2.0.0 and nvcc 13.0; its results on an H100 and how its
+// configuration was chosen: lesson 10 and its notes (lessons/notes/10-cutlass.md).
 // CUTLASS's device-side assert()s (e.g. `k_tile_count >= 1` in the sm90 mainloop) are a function call
 // (__assertfail) inside the wgmma pipeline: ptxas then serializes every wgmma (warning C7510, "wgmma pipeline
 // crossing function boundary"). torch's JIT build does not define NDEBUG, so this file does, before any
@@ -74,7 +74,7 @@ constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 // 128 x 256 output tile, k-slice 64, as lesson 05's Hopper path: per k-slice a block loads (128 + 256) x 64
 // elements for 128 x 256 x 64 multiply-adds, 85 per element loaded against 64 for a 128 x 128 tile. A cluster
 // of 2 blocks along M shares each weight tile through TMA multicast, halving the weight's loads from L2.
-// Measured against the others at 4096^3 on an H100 (tools/gpu/variants.py, GEMM alone = 1): this 0.942-0.944x;
+// Measured against the others at 4096^3 on an H100 (the GEMM alone = 1; lesson 10's notes): this 0.942-0.944x;
 // the same tile with a 1 x 2 cluster 0.903x; pingpong 128 x 128 0.856x and 64 x 256 0.797x (64 and 51
 // multiply-adds per element loaded; whether that is what they lose to was not profiled).
 using TileShape = Shape<_128, _256, _64>;
@@ -192,7 +192,7 @@ typename Gemm::Arguments make_arguments(const void* x, const void* weight, const
   // --8<-- [end:evt_arguments]
   // The persistent scheduler hands each block its next tile in groups of 8 along the rasterized dimension instead of
   // walking a whole row of tiles, meant to let the tiles in flight at once share more A and B panels in L2 (its
-  // hit rate was not measured). 0.954x the GEMM alone against 0.942-0.944x without (H100, tools/gpu/variants.py,
+  // hit rate was not measured). 0.954x the GEMM alone against 0.942-0.944x without (H100, lesson 10's notes,
   // two runs).
   arguments.scheduler.max_swizzle_size = 8;
   arguments.hw_info.device_id = course::current_device();

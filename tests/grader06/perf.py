@@ -39,8 +39,8 @@ PERF_DTYPES = [FP32, BF16]
 # (2026-11-26), whose 4.2 TB/s copy against the H100's 3.0 with the same SMs leaves an arithmetic-bound kernel further
 # behind. The 16-bit erf kernels now compute the exp2 GELU (gelu.cuh, gelu_erf_exp2), and the lab's kernels with it
 # reach the H100 figures above (0.99 / 0.93). On the H200 only the probe's kernels with the same formula have been
-# timed (tools/gpu/probe/lab06_gelu_erf.py, 2026-11-26): 0.885x forward (one row a thread), 0.892x backward; on the
-# H100 the same probe measured its kernels within 1% of the lab's (forward 0.994 vs 0.987, backward 0.921 vs 0.926).
+# timed (site/data/evidence/06-fused-elementwise/gelu_erf.py, 2026-11-26): 0.885x forward (one row a thread),
+# 0.892x backward; on the H100 the same probe's kernels came within 1% of the lab's (0.994 vs 0.987, 0.921 vs 0.926).
 # So the bf16 copy targets are 0.85 forward and backward: under both machines' figures with a 4-16% margin, and below
 # the issue's 0.90, which the H200 figures miss. Student bars stay below what erff reaches (H200: 0.65x / 0.71x),
 # since a student may keep erff.

@@ -151,8 +151,8 @@ def check_integrity(case: "PerfCase", ours: Callable, floor_ms: float) -> None:
 # torch.cuda.graph before a capture), memory-bound kernels ran 13-17% slower for a while on an H100: lab 07's first
 # perf case read 0.213 ms after the past-2^31 cases in the same process and 0.183 ms without them, its copy baseline
 # alike; after 48 GiB handed back, a copy ran 16% slower for its first 100 ms (tools/gpu/probe/alloc_speed.py,
-# tools/gpu/probe/carveout.py; tools/gpu/NOTES.md, 2026-11-27). A case timed in that window reads its % of copy low,
-# and a ratio whose sides are not equally bound by bandwidth moves (lab 07's forward + backward read 1.07x there,
+# tools/gpu/probe/carveout.py; git show 8a81008:tools/gpu/NOTES.md). A case timed in that window reads its % of copy
+# low, and a ratio whose sides are not equally bound by bandwidth moves (lab 07's forward + backward read 1.07x there,
 # 1.10x elsewhere). So each case first waits, at most SETTLE_MAX_S, until a copy runs at SETTLE_FRACTION of the
 # process's copy ceiling (normally 0.99-1.0 of it, 0.84 in that window).
 SETTLE_FRACTION = 0.93
@@ -318,8 +318,8 @@ def perf_case(
     another stream (check_integrity).
     Under `./course profile` (PROFILE_ENV set) the case is profiled instead, and its test skips.
     graphs=True times each side as a CUDA graph of one call (as_graph), for a side whose CPU time a call can exceed
-    its GPU time: the timer's events then measure the CPU (lab 07's torch.compile'd forward + backward,
-    tools/gpu/NOTES.md). A side that cannot be captured is timed as calls, and the summary says so.
+    its GPU time: the timer's events then measure the CPU (lab 07's torch.compile'd forward + backward, lesson 07's
+    notes). A side that cannot be captured is timed as calls, and the summary says so.
     """
     if os.environ.get(PROFILE_ENV):
         profile_case(name, ours, baseline, baseline_name, sides=os.environ[PROFILE_ENV].split(","))

@@ -59,6 +59,9 @@ def render() -> str:
         "its GPU, date and command, and the pages that quote it (figures and markers). A file no page quotes is",
         "listed too: either a page should use it or it should go. The plan for the next GPU session is PLAN.md.",
         "",
+        "The measurement log kept before this ledger, which evidence files and comments cite as `NOTES.md@8a81008`",
+        "or by its git command, is in the history: `git show 8a81008:tools/gpu/NOTES.md`.",
+        "",
         "| file | GPU | date | command | quoted by |",
         "|---|---|---|---|---|",
     ]

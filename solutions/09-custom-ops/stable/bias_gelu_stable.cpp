@@ -36,7 +36,7 @@ constexpr const char* kOp = "course_stable::bias_gelu";
 // The checks. The stable headers' STD_TORCH_CHECK builds its message in an std::ostringstream and
 // always writes __LINE__, an int, into it (torch/headeronly/util/Exception.h); on the GPU box an
 // integer written to a stream from extension code crashes with SIGSEGV (include/course/torch_op.h),
-// so the first check that failed there killed the process instead of raising (2026-11-26). This
+// so the first check that failed there killed the process instead of raising (an H100, torch 2.11). This
 // one concatenates strings only and throws what STD_TORCH_CHECK throws, std::runtime_error, which
 // the dispatcher hands to Python as a RuntimeError. Every part is a string: numbers go through
 // std::to_string.
@@ -68,7 +68,7 @@ std::string dtype_name(ScalarType dtype) {
 
 // "torch.float32 tensor of shape [2, 3] on cuda:0": c10's DeviceTypeName is not header-only either.
 // Numbers go through std::to_string, never an ostringstream: include/course/torch_op.h says why (an
-// integer written to a stream from an extension crashed the GPU box; this op's checks did, 2026-11-26).
+// integer written to a stream from an extension crashed the GPU box; this op's checks did).
 std::string describe(const Tensor& t) {
   std::string text = dtype_name(t.scalar_type()) + " tensor of shape [";
   for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));

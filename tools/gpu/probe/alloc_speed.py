@@ -5,7 +5,7 @@
 
 Why: in some processes every kernel that reads one perf case's inputs ran 13-17% slower on an H100 at 1980 MHz
 (lab 07's graph-timed forward + backward: 0.537 / 0.575 ms against 0.460 / 0.508 in another process; the forward vs
-copy case 0.214 / 0.212 against 0.181 / 0.183; tools/gpu/NOTES.md, 2026-11-27), both sides of a case alike, so the
+copy case 0.214 / 0.212 against 0.181 / 0.183; NOTES.md@8a81008, 2026-11-27), both sides of a case alike, so the
 cause is something the two sides share: their input tensors. Here each of `tensors` tensors of 256 MiB (what lab 07's
 x and grad_y are) is copied into one fixed destination, CUDA events around each copy, L2 not flushed (256 MiB is
 5x the L2), rounds interleaved across the tensors; medians per tensor, and the slow ones (< 93% of the median) with

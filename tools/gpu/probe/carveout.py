@@ -5,7 +5,7 @@
 
 Why: lab 07's first perf case (forward vs copy) read 0.213 ms, both sides, after the grader's past-2^31 cases in the
 same process, and 0.183 ms without them; of those cases, exactly the three whose kernels take 128-227 KiB of shared
-memory a block (the on-chip softmax forward and backward, the staged RMSNorm backward) did it (tools/gpu/NOTES.md,
+memory a block (the on-chip softmax forward and backward, the staged RMSNorm backward) did it (NOTES.md@8a81008,
 2026-11-27, c58-c59), and a new process after them did not. An SM splits one array between L1 and shared memory;
 a kernel that needs most of it as shared memory has the SM reconfigured, and the kernels after it, which state no
 preference, may run with the small L1 left. Here, in one process: a 256 MiB bfloat16 copy (torch's kernel) and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The three speed-gap probes of issues 12 and 13 in one device call (tools/gpu/NOTES.md, "Probes for the three speed
+# The three speed-gap probes of issues 12 and 13 in one device call (NOTES.md@8a81008, "Probes for the three speed
 # gaps"): the three builds (each probe's extension, labs 06 and 07) in parallel first, then each probe alone on the
 # GPU, so that no timing overlaps a build or another probe. Everything lands in $OUT: <probe>.txt (the tables),
 # <probe>.build.txt, the probes' JSON, next_session.txt (exit codes and seconds).
@@ -13,8 +13,8 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 log="$OUT/next_session.txt"
 start=$(date +%s)
-# Each probe's path (lesson 07's sit beside the evidence files they wrote).
-PROBES="tools/gpu/probe/lab06_gelu_erf.py site/data/evidence/07-fused-normalization/softmax_onepass.py
+# Each probe's path (lessons 06 and 07's sit beside the evidence files they wrote).
+PROBES="site/data/evidence/06-fused-elementwise/gelu_erf.py site/data/evidence/07-fused-normalization/softmax_onepass.py
 site/data/evidence/07-fused-normalization/rms_bwd.py"
 for path in $PROBES; do
   probe=$(basename "$path" .py)

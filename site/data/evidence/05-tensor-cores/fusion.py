@@ -92,7 +92,8 @@ for k in (32, 64, 128, 256, 512, 1024, 4096):
 if os.environ.get("OUT"):
     out = Path(os.environ["OUT"])
     meta = {"device": name, "gpu": name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "impl": IMPL,
-            "command": "python3 site/data/evidence/05-tensor-cores/fusion.py", "copy_gbps": bw / 1e9, "cublas_4096_ms": gemm_ms,
+            "command": "python3 site/data/evidence/05-tensor-cores/fusion.py", "copy_gbps": bw / 1e9,
+            "cublas_4096_ms": gemm_ms,
             "fused_4096_ms": ours_ms, "r": r, "intensity": intensity}
     (out / "lab05_fusion.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     series = []

@@ -4,7 +4,7 @@
     (JSON: $OUT/lab07-on-chip-rows.json)
 
 Why: issue 13 adopted the on-chip kernels for rows past the register path (8193 and longer) up to what the GPU holds
-(65536 floats), measured only at 4096 x 65536 float32 (tools/gpu/NOTES.md, lab 07). Shorter rows use a fraction of
+(65536 floats), measured only at 4096 x 65536 float32 (NOTES.md@8a81008, lab 07). Shorter rows use a fraction of
 the block (forward) or of the cluster (backward: a 16384-long float row fills one of its 4 blocks), and the streaming
 path's second read is more likely to hit L2 there. This times both paths, forced, at 256 MiB a tensor for each n and
 prints which is faster, as % of a same-bytes copy (2S forward, 3S backward): 'auto' should take the on-chip path only

@@ -6,7 +6,7 @@
 Why: the grader's perf test (tests/test_07_fused_normalization.py, test_perf_rms_norm_forward_backward_vs_compiled)
 times each side with CUDA events around a call and no synchronization inside, which gives the GPU's time only where
 the CPU queues a call's work faster than the GPU runs it. The compiled side's CPU time a call measured 408-1287 us
-against about 510 us of GPU time (tools/gpu/NOTES.md, 2026-11-26), and its timed figure moved between processes
+against about 510 us of GPU time (NOTES.md@8a81008, 2026-11-26), and its timed figure moved between processes
 (0.511, 0.581, 0.709 ms). Here, at (8, 4096, 4096) bfloat16, the lab's autograd.py (forward and backward through the
 lab's kernels) and torch.compile of the grader's composition, forward and backward:
   events    the grader's timer (tests/harness/jit.py, interleaved, L2 flushed before each call);

@@ -6,7 +6,7 @@
 Why: the lab's backward (solutions/07-fused-normalization/rms_norm.cu, register path: a 256-thread block a row, 16
 elements a thread, 256 blocks of 128 rows, ptxas 80 registers) reaches 84% of copy on an H100, and forward + backward
 1.02x torch.compile of the composition, against issue 13's 1.1x, which needs the backward at ~95% of copy. 512 and
-1024 partial rows (more blocks) did not help (tools/gpu/NOTES.md): per block, each row is load, wait, reduce over
+1024 partial rows (more blocks) did not help (NOTES.md@8a81008): per block, each row is load, wait, reduce over
 the block (two barriers), compute, store, with 64 bytes a thread in flight and nothing in flight during the reduction.
 Variants (self-contained; the arithmetic and the reduction order are the lab's, so 256-thread rows give its bits):
   replica                   the lab's structure (its time, within noise, checks this harness)
@@ -50,7 +50,7 @@ LAB_DIR = ROOT / "solutions" / "07-fused-normalization"
 # "lab" is the lab's own backward, since then the staged kernel (the step 4 x 2 below, adopted). run_backward's switch
 # has every kernel tried: the first probe's, the ring and the step variants, and (60-74) the step kernel with its
 # finalize fused or launched dependently (PDL), and the bulk-copy (cp.async.bulk) kernels; their figures are in
-# tools/gpu/NOTES.md.
+# NOTES.md@8a81008.
 VARIANTS = (("step 4x2, finalize 8", 67, 132), ("step pdl", 63, 132), ("step 2x4", 72, 132),
             ("tma 2x4", 66, 132), ("tma 2x4 pdl", 68, 132), ("tma 2x4 fused", 73, 132), ("tma 1x8", 69, 132),
             ("tma 1x6", 74, 132), ("tma 2x6", 70, 132), ("tma 3x4", 71, 132))
@@ -770,7 +770,7 @@ CPP = r"""
 #include <vector>
 void run_backward(int, const void*, const void*, const void*, const float*, void*, void*, float*, int64_t, int64_t,
                   int64_t, cudaStream_t);
-// No numbers in TORCH_CHECK messages (tools/gpu/NOTES.md: an integer written to an ostringstream crashes on the box).
+// No numbers in TORCH_CHECK messages (NOTES.md@8a81008: an integer written to an ostringstream crashes on the box).
 std::vector<torch::Tensor> bwd(torch::Tensor gy, torch::Tensor x, torch::Tensor w, torch::Tensor rstd,
                                int64_t variant, int64_t max_chunks) {
   for (const auto& t : {gy, x, w}) {

@@ -5,7 +5,7 @@
 
 Why: issue 13 asks >= 0.85x copy for long rows, forward (2S bytes) and backward (3S); the lab's streaming kernels
 (solutions/07-fused-normalization/softmax.cu) read each row twice, the second time partly from L2, and reach 73% /
-67% of copy on an H100 (tools/gpu/NOTES.md). A row of 65536 floats fits one SM's registers (256 KiB) plus shared
+67% of copy on an H100 (NOTES.md@8a81008). A row of 65536 floats fits one SM's registers (256 KiB) plus shared
 memory (227 KiB a CTA), or a Hopper cluster's. Variants (self-contained kernels; (b) needs sm_90, clusters):
   forward  a 1x1024 reg+smem128K  (a) one CTA of 1024 threads a row, each 32 floats in registers + 32 in dynamic
                                   shared memory (cp.async, each thread re-reads only its own slots: no barrier);
@@ -302,7 +302,7 @@ CPP = r"""
 #include <c10/cuda/CUDAStream.h>
 int run_forward(int, const void*, void*, int64_t, int, bool, cudaStream_t);
 int run_backward(int, const void*, const void*, void*, int64_t, int, bool, cudaStream_t);
-// No numbers in TORCH_CHECK messages (tools/gpu/NOTES.md: an integer written to an ostringstream crashes on the box).
+// No numbers in TORCH_CHECK messages (NOTES.md@8a81008: an integer written to an ostringstream crashes on the box).
 static void check(const torch::Tensor& t) {
   TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == torch::kFloat && t.dim() == 2,
               "contiguous 2-D float32 CUDA tensors only");

@@ -1,6 +1,7 @@
 """Every figure lesson 06's page quotes, measured in one process on the GPU box.
 
-    python3 tools/gpu/probe/lab06_page.py [IMPL_DIR]      (default: solutions; JSON to $OUT/lab06-page.json)
+    python3 site/data/evidence/06-fused-elementwise/page.py [IMPL_DIR]
+    (default: solutions; JSON to $OUT/lab06-page.json)
 
 At x = (8192, 8192), float32 and bfloat16 (S = the bytes of one such tensor):
   - times: the fused forward (16-byte and scalar kernels), eager F.gelu(x + b), torch.compile of it; the fused
@@ -16,6 +17,12 @@ At x = (8192, 8192), float32 and bfloat16 (S = the bytes of one such tensor):
 """
 from __future__ import annotations
 
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 import json
 import os
 import sys
@@ -25,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
 from harness import build, jit, perf, trees  # noqa: E402

@@ -2,14 +2,20 @@
 
     ncu --kernel-name regex:bias_gelu_vectorized --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section InstructionStats --section WarpStateStats --section Occupancy \
-        python3 tools/gpu/probe/lab06_ncu.py
+        python3 site/data/evidence/06-fused-elementwise/ncu.py
 
 One launch each, in this order, at x = (8192, 8192): float32 erf, bfloat16 erf, bfloat16 tanh (each bfloat16
 forward followed by its backward, which a --kernel-name regex:bias_gelu_backward_kernel run profiles). The three
-reach 0.98x, 0.81-0.85x and 0.92-0.95x of copy bandwidth (tools/gpu/NOTES.md); the profile says whether
+reach 0.98x, 0.81-0.85x and 0.92-0.95x of copy bandwidth (NOTES.md@8a81008); the profile says whether
 the bfloat16 erf kernel is short of memory traffic because its arithmetic pipes are full.
 """
 from __future__ import annotations
+
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
 
 import os
 import sys
@@ -17,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
 from harness import build, trees  # noqa: E402

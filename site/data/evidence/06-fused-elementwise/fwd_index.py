@@ -1,8 +1,10 @@
 """Lab 06's vectorized forward: does the per-vector 64-bit column remainder cost the bfloat16 erf kernel its speed?
 
-    python3 tools/gpu/probe/lab06_fwd_index.py      (prints a table; JSON to $OUT/lab06-fwd-index.json)
+    python3 site/data/evidence/06-fused-elementwise/fwd_index.py
+    (prints a table; JSON to $OUT/lab06-fwd-index.json)
 
-ncu (tools/gpu/probe/lab06_ncu.py) counts 80.5M warp instructions for the bfloat16 erf forward at (8192, 8192):
+ncu (site/data/evidence/06-fused-elementwise/ncu.py) counts 80.5M warp instructions for the bfloat16 erf forward at
+(8192, 8192):
 38 per element, issue slots 78% busy, DRAM 60% (base clocks). Three self-contained versions of the same
 kernel, same GELU, same 16-byte packs, timed against a copy in one process:
   mod64  the lab's: one thread per vector, bias pack at v % packs_per_row (a 64-bit remainder per vector);
@@ -12,6 +14,12 @@ kernel, same GELU, same 16-byte packs, timed against a copy in one process:
 """
 from __future__ import annotations
 
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 import json
 import os
 import sys
@@ -20,7 +28,7 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load_inline
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import jit, perf  # noqa: E402
 

@@ -1,8 +1,8 @@
 """Lab 06, bfloat16 bias + GELU (erf form), (8192, 8192): variants that cut the instructions per element.
 
-    python3 tools/gpu/probe/lab06_gelu_erf.py [--build-only | --fit | --print-cuda |
+    python3 site/data/evidence/06-fused-elementwise/gelu_erf.py [--build-only | --fit | --print-cuda |
                                                --emulate LO HI [AMP] [fold] [fp16]]
-    (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, tools/gpu/probe/lab06_gelu_fit.md)
+    (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, site/data/evidence/06-fused-elementwise/gelu_fit.md)
 
 Since issue 12's adoption (2026-11-27) the lab's 16-bit erf kernels compute the degree-10 exp2 GELU below
 (gelu_erf_exp2 in solutions/06-fused-elementwise/gelu.cuh), and float32 keeps erff. This probe now takes both
@@ -12,7 +12,7 @@ text below is the probe as written before the adoption, with "the lab's formula"
 (1) is the table the lesson prints: run it after any change to the lab's GELU.
 
 Why: issue 12 asks >= 0.90x copy forward and backward; the lab's bf16 erf kernels reach 0.81-0.85x / 0.86-0.89x on an
-H100, at 38 / 47 warp instructions per element with the issue slots 76-78% busy (ncu, tools/gpu/NOTES.md). The lab's
+H100, at 38 / 47 warp instructions per element with the issue slots 76-78% busy (ncu, NOTES.md@8a81008). The lab's
 erff is already branch-free in SASS (9 FSEL of coefficients, 7 FFMA, a predicated MUFU.EX2, no BRA: nvcc 13.0,
 sm_90a), so a branch-free erff buys nothing. Static SASS per element here (sm_90a): forward rowblock 36, x2+bitcvt 36,
 exp2 27, x2+exp2 26; backward loop body replica ~46, exp2 ~31.
@@ -42,6 +42,12 @@ the lab bit for bit (since the adoption: the exp2 variants equal the lab's bf16 
 """
 from __future__ import annotations
 
+import sys
+
+if {"-h", "--help"} & set(sys.argv[1:]):  # on any machine, GPU or not
+    print(__doc__)
+    sys.exit(0)
+
 import json
 import math
 import os
@@ -53,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load_inline
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 LAB_DIR = ROOT / "solutions" / "06-fused-elementwise"
 FWD = ("rowblock", "rowblock+bitcvt", "x2+bitcvt", "exp2", "x2+exp2", "x2+exp2d9")
 BWD = ("replica", "bitcvt", "exp2", "exp2d9")
@@ -349,7 +355,7 @@ CPP = r"""
 void run_forward(int, const void*, const void*, void*, int64_t, int64_t, cudaStream_t);
 void run_backward(int, const void*, const void*, const void*, void*, void*, float*, int64_t, int64_t, cudaStream_t);
 void run_sweep(unsigned long long*, int, cudaStream_t);
-// No numbers in TORCH_CHECK messages (tools/gpu/NOTES.md: an integer written to an ostringstream crashes on the box).
+// No numbers in TORCH_CHECK messages (NOTES.md@8a81008: an integer written to an ostringstream crashes on the box).
 static void check(const torch::Tensor& t, const torch::Tensor& x) {
   TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == torch::kBFloat16, "contiguous bfloat16 CUDA only");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "16-byte aligned tensors only");
@@ -386,7 +392,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-# ---- CPU emulation (`--emulate`, no GPU): tools/gpu/probe/lab06_gelu_fit.md. Every float32 operation of the
+# ---- CPU emulation (`--emulate`, no GPU): gelu_fit.md, beside this file. Every float32 operation of the
 # exp2 formulas and of the lab's erf form (transcribed from nvcc 13.0 -O3 sm_90a PTX of gelu<kErf> / gelu_grad<kErf>,
 # erff inlined) in float64 holding float32 values: products of two float32 are exact in float64; an FMA's sum is
 # rounded once to float64 and then to float32, and the one case where that double rounding can differ from fmaf (the
