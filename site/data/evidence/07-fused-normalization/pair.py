@@ -3,7 +3,7 @@
     python3 site/data/evidence/07-fused-normalization/pair.py [--impl solutions] [--reps 30]
     (JSON: $OUT/lab07-pair.json)
 
-Why: the grader's perf test (tests/test_07_fused_normalization.py, test_perf_rms_norm_forward_backward_vs_compiled)
+Why: the grader's perf test (tests/grader07/perf.py, test_perf_rms_norm_forward_backward_vs_compiled)
 times each side with CUDA events around a call and no synchronization inside, which gives the GPU's time only where
 the CPU queues a call's work faster than the GPU runs it. The compiled side's CPU time a call measured 408-1287 us
 against about 510 us of GPU time (NOTES.md@8a81008, 2026-11-26), and its timed figure moved between processes
@@ -46,7 +46,7 @@ autograd = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(autograd)
 
 
-def composition(x, w):  # the grader's baseline (tests/test_07_fused_normalization.py, compiled_composition)
+def composition(x, w):  # the grader's baseline (tests/grader07/perf.py, compiled_composition)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
 
