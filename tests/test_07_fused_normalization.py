@@ -17,7 +17,7 @@ here, with the ids and in the order they had when this was one file. The parts, 
                  cases' shapes and paths and the tasks each grades
   builds.py      the build, the constants, CPU tensors refused (no GPU needed)
   autograd.py    autograd.py (lab07.7): on stand-in ops without a GPU; through the kernels, gradcheck, a small model
-  triton_op.py   triton_rms_norm.py (lab07.8): registration and fake tensors without a GPU; against float64, eps,
+  triton_op.py   triton_rms_norm.py (lab07.8-9): registration and fake tensors without a GPU; against float64, eps,
                  determinism, stress, torch.compile without graph breaks
   softmax.py     softmax forward and backward (lab07.1-3), special values, the on-chip path's edges
   rms_norm.py    RMSNorm forward and backward (lab07.4-6), eps, the staged backward, deterministic grad_weight
@@ -52,7 +52,7 @@ SANITIZE_EXCLUDE = "test_softmax_backward and 16384x32 and on_chip"
 # the per-block grad_weight partials through shared memory); the finalize a fixed-order column sum; the
 # autograd.Functions a dozen lines each; the Triton op three kernels in a new language.
 POINTS = {"lab07.1": 15, "lab07.2": 15, "lab07.3": 10, "lab07.4": 15, "lab07.5": 15, "lab07.6": 5, "lab07.7": 10,
-          "lab07.8": 15}
+          "lab07.8": 7, "lab07.9": 8}
 
 # The few smallest edge cases `./course grade` runs under compute-sanitizer (memcheck, racecheck, synccheck) by
 # default: regular expressions over test names (conftest marks them `sanitize`). Per kernel and path: a warp per row
@@ -200,9 +200,11 @@ MUTANTS = [
                    "row_dot += *cluster.map_shared_rank(&partial_dot, r);",
                    "row_dot += r == rank ? partial_dot : C(0);",
                    tests="test_softmax_backward and on_chip and 2x65536 and float32", expect="elements wrong"),
-    # Triton (lab07.8): eps dropped from the root (zero rows: rstd = inf), and grad_weight from one program.
-    harness.Mutant("triton-eps-dropped", "triton_rms_norm.py", "rstd = tl.rsqrt(sum_sq / N + eps)",
-                   "rstd = tl.rsqrt(sum_sq / N)", tests="test_triton_rms_norm_eps", expect="rstd"),
+    # Triton (lab07.8, lab07.9): eps dropped from the root (zero rows: rstd = inf), and grad_weight from one program.
+    harness.Mutant("triton-eps-dropped", "triton_rms_norm.py",
+                   "part of the row.\n        rstd = tl.rsqrt(sum_sq / N + eps)",  # the register path's (lab07.8)
+                   "part of the row.\n        rstd = tl.rsqrt(sum_sq / N)", tests="test_triton_rms_norm_eps",
+                   expect="rstd"),
     # The chunked backward without its barrier (issue 34, class d): threads of a program load each row's dot before
     # the one thread that stores it has (a stale value: NaN from the poisoned pool). A race: the stress test runs
     # each case 16 times, one row a program, 512 programs.

@@ -1,7 +1,7 @@
-# Lab skeleton generated from solutions/07-fused-normalization/triton_rms_norm.py by `./course labs` [lab-hash 82a92422eb0e].
+# Lab skeleton generated from solutions/07-fused-normalization/triton_rms_norm.py by `./course labs` [lab-hash c4c77b960b14].
 # Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 # Instructors: edit the solution file instead, then run `./course labs`.
-"""Lab 07, part 8: RMSNorm in Triton, forward and backward, as PyTorch custom operators that torch.compile sees into.
+"""Lab 07, parts 8 (forward) and 9 (backward): RMSNorm in Triton, forward and backward, as PyTorch custom operators that torch.compile sees into.
 
     y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight        x (..., N), weight (N,)
 
@@ -83,11 +83,34 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, N, eps,
     """Rows pid*ROWS .. pid*ROWS + ROWS - 1 of x (rows x N, contiguous): y = x * rstd * w, rstd[row] =
     rsqrt(mean(x^2) + eps). CHUNKED=False: BLOCK >= N, the rows stay in registers. CHUNKED=True: ROWS == 1,
     the row is read in BLOCK-element chunks twice: sum of squares, then normalize."""
-    # TODO(lab07.8): forward. Rows r = pid*ROWS + tl.arange(0, ROWS) (int64: r*N passes 2^31) and
-    #   columns c = tl.arange(0, BLOCK), masked to r < rows and c < N. Load x as float32, sum x*x over the row
-    #   (tl.sum(axis=1); CHUNKED: accumulate over `for start in range(0, N, BLOCK)`), rstd = rsqrt(sum/N + eps),
-    #   store rstd, then y = x * rstd * w stored in y's dtype (CHUNKED: a second loop re-reads x)
-    tl.static_assert(False, "lab07.8: the Triton RMSNorm forward kernel is not written yet")
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,): int64, so row * N cannot wrap
+    row_ok = row < rows
+    cols = tl.arange(0, BLOCK)
+    # Float32 arithmetic whatever x's type: in bfloat16 (8 significant bits) each addition of the sum of squares
+    # would round off up to 0.4%, and in float16 x * x overflows for |x| > 256. The one rounding to x's type is
+    # on the final store.
+    if CHUNKED:  # given: a row too long for registers, read twice, BLOCK elements at a time
+        sum_sq = tl.zeros([ROWS], dtype=tl.float32)
+        for start in range(0, N, BLOCK):
+            mask = row_ok[:, None] & (start + cols[None, :] < N)
+            chunk = tl.load(x_ptr + row[:, None] * N + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            sum_sq += tl.sum(chunk * chunk, axis=1)
+        rstd = tl.rsqrt(sum_sq / N + eps)
+        tl.store(rstd_ptr + row, rstd, mask=row_ok)
+        for start in range(0, N, BLOCK):
+            col_ok = start + cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            offsets = row[:, None] * N + start + cols[None, :]
+            chunk = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + start + cols, mask=col_ok, other=0.0).to(tl.float32)
+            y = chunk * rstd[:, None] * w[None, :]
+            tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # TODO(lab07.8): the forward's rows in registers (BLOCK >= N). Load the ROWS x BLOCK tile of x
+        #   (rows `row`, columns `cols`, masked to row_ok and cols < N, other=0.0) as float32, its sum of squares
+        #   per row (tl.sum over axis 1), rstd = rsqrt(sum / N + eps) stored to rstd_ptr + row, then
+        #   y = x * rstd * w stored in y's dtype: the chunked branch above does the same a chunk at a time
+        tl.static_assert(False, "lab07.8: the Triton RMSNorm forward (rows in registers) is not written yet")
 # --8<-- [end:fwd_kernel]
 
 
@@ -99,12 +122,48 @@ def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dot_ptr, partia
     fewer), one after another: dx = rstd * (w*dy) - rstd^3 * x * mean(w*dy*x) per row, and this program's partial
     of grad_weight, the sum over its rows of dy * x * rstd, stored as float32 row pid of partial (programs x N).
     dot: a float32 scratch of one value per row, for the CHUNKED path's mean(w*dy*x)."""
-    # TODO(lab07.8): backward. For i in range(0, rows_per_program), row = pid*rows_per_program + i
-    #   (int64; mask the loads and stores to row < rows): dx from the formula above, in float32, stored in dx's
-    #   dtype, and dy * x * rstd added into a float32 accumulator of BLOCK columns; then store the accumulator as
-    #   row pid of partial (not an atomic add: see the finalize). CHUNKED (BLOCK < N): first each row's
-    #   mean(w*dy*x) into dot[row], tl.debug_barrier(), then per chunk of columns: the rows loop, store the chunk
-    tl.static_assert(False, "lab07.8: the Triton RMSNorm backward kernel is not written yet")
+    first = tl.program_id(0).to(tl.int64) * rows_per_program  # int64, so row * N cannot wrap past 2^31
+    cols = tl.arange(0, BLOCK)
+    partial_row = partial_ptr + tl.program_id(0).to(tl.int64) * N
+    if CHUNKED:  # given: neither a row nor a grad_weight accumulator of N columns fits in registers
+        # Pass 1: each row's mean(w*dy*x), kept in dot (4 bytes a row). Pass 2 goes column chunk by column chunk,
+        # each over all of this program's rows, so the accumulator is one chunk, kept in registers and stored once.
+        for i in range(0, rows_per_program):
+            row = first + i
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, N, BLOCK):
+                col_ok = start + cols < N
+                mask = col_ok & (row < rows)
+                x = tl.load(x_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + start + cols, mask=col_ok, other=0.0).to(tl.float32)
+                acc += w * dy * x
+            tl.store(dot_ptr + row, tl.sum(acc, axis=0) / N, mask=row < rows)
+        # dot[row] was stored by one thread of this program and is read below by all of them: the barrier
+        # (__syncthreads) makes the global stores before it visible to every thread of the program after it.
+        tl.debug_barrier()
+        for start in range(0, N, BLOCK):
+            col_ok = start + cols < N
+            w = tl.load(w_ptr + start + cols, mask=col_ok, other=0.0).to(tl.float32)
+            dw = tl.zeros([BLOCK], dtype=tl.float32)
+            for i in range(0, rows_per_program):
+                row = first + i
+                mask = col_ok & (row < rows)
+                x = tl.load(x_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+                rstd = tl.load(rstd_ptr + row, mask=row < rows, other=0.0)
+                dot = tl.load(dot_ptr + row, mask=row < rows, other=0.0)
+                dx = rstd * w * dy - rstd * rstd * rstd * x * dot
+                tl.store(dx_ptr + row * N + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                dw += dy * x * rstd
+            tl.store(partial_row + start + cols, dw, mask=col_ok)
+    else:
+        # TODO(lab07.9): the backward's rows in registers (BLOCK >= N). Load w once (cols < N, as
+        #   float32); for i in range(0, rows_per_program), row = first + i, masked to row < rows: dx from the
+        #   formula above in float32, stored in dx's dtype, and dy * x * rstd added into a float32 accumulator of
+        #   BLOCK columns; then store the accumulator as row pid of partial (not an atomic add: see the
+        #   finalize). The chunked branch above does the same a chunk of columns at a time
+        tl.static_assert(False, "lab07.9: the Triton RMSNorm backward (rows in registers) is not written yet")
 # --8<-- [end:bwd_kernel]
 
 
@@ -118,9 +177,9 @@ def _grad_weight_finalize_kernel(partial_ptr, dw_ptr, programs, N, BLOCK: tl.con
     # run, and so do the last bits of grad_weight. Here the order is fixed (the split into programs is too), so
     # the same inputs give the same bits every run. The partials are float32 even for 16-bit weights: rounding
     # each to 16 bits before the sum would add `programs` roundings; this way there is one, on the store.
-    # TODO(lab07.8): finalize. A float32 accumulator of BLOCK columns; add partial rows 0, 1, ...,
+    # TODO(lab07.9): finalize. A float32 accumulator of BLOCK columns; add partial rows 0, 1, ...,
     #   programs - 1 in that order (a plain loop); store it in dw's dtype, masked to the columns < N
-    tl.static_assert(False, "lab07.8: the grad_weight finalize kernel is not written yet")
+    tl.static_assert(False, "lab07.9: the grad_weight finalize kernel is not written yet")
 # --8<-- [end:finalize_kernel]
 
 

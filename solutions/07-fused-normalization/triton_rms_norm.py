@@ -1,4 +1,4 @@
-"""Lab 07, part 8: RMSNorm in Triton, forward and backward, as PyTorch custom operators that torch.compile sees into.
+"""Lab 07, parts 8 (forward) and 9 (backward): RMSNorm in Triton, forward and backward, as PyTorch custom operators that torch.compile sees into.
 
     y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight        x (..., N), weight (N,)
 
@@ -80,36 +80,20 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, N, eps,
     """Rows pid*ROWS .. pid*ROWS + ROWS - 1 of x (rows x N, contiguous): y = x * rstd * w, rstd[row] =
     rsqrt(mean(x^2) + eps). CHUNKED=False: BLOCK >= N, the rows stay in registers. CHUNKED=True: ROWS == 1,
     the row is read in BLOCK-element chunks twice: sum of squares, then normalize."""
-    # SOLUTION BEGIN lab07.8: forward. Rows r = pid*ROWS + tl.arange(0, ROWS) (int64: r*N passes 2^31) and
-    #   columns c = tl.arange(0, BLOCK), masked to r < rows and c < N. Load x as float32, sum x*x over the row
-    #   (tl.sum(axis=1); CHUNKED: accumulate over `for start in range(0, N, BLOCK)`), rstd = rsqrt(sum/N + eps),
-    #   store rstd, then y = x * rstd * w stored in y's dtype (CHUNKED: a second loop re-reads x)
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,): int64, so row * N cannot wrap
     row_ok = row < rows
     cols = tl.arange(0, BLOCK)
     # Float32 arithmetic whatever x's type: in bfloat16 (8 significant bits) each addition of the sum of squares
     # would round off up to 0.4%, and in float16 x * x overflows for |x| > 256. The one rounding to x's type is
     # on the final store.
-    if not CHUNKED:
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        offsets = row[:, None] * N + cols[None, :]
-        # other=0.0: the lanes past the row's end add 0 to the sum of squares.
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        sum_sq = tl.sum(x * x, axis=1)
-    else:
+    if CHUNKED:  # given: a row too long for registers, read twice, BLOCK elements at a time
         sum_sq = tl.zeros([ROWS], dtype=tl.float32)
         for start in range(0, N, BLOCK):
             mask = row_ok[:, None] & (start + cols[None, :] < N)
             chunk = tl.load(x_ptr + row[:, None] * N + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             sum_sq += tl.sum(chunk * chunk, axis=1)
-    # The mean divides by N, the row's length, not by BLOCK: the masked lanes are not part of the row.
-    rstd = tl.rsqrt(sum_sq / N + eps)
-    tl.store(rstd_ptr + row, rstd, mask=row_ok)
-    if not CHUNKED:
-        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = x * rstd[:, None] * w[None, :]
-        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
+        rstd = tl.rsqrt(sum_sq / N + eps)
+        tl.store(rstd_ptr + row, rstd, mask=row_ok)
         for start in range(0, N, BLOCK):
             col_ok = start + cols < N
             mask = row_ok[:, None] & col_ok[None, :]
@@ -118,9 +102,25 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, rows, N, eps,
             w = tl.load(w_ptr + start + cols, mask=col_ok, other=0.0).to(tl.float32)
             y = chunk * rstd[:, None] * w[None, :]
             tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
-    # SOLUTION STUB
-    # tl.static_assert(False, "lab07.8: the Triton RMSNorm forward kernel is not written yet")
-    # SOLUTION END
+    else:
+        # SOLUTION BEGIN lab07.8: the forward's rows in registers (BLOCK >= N). Load the ROWS x BLOCK tile of x
+        #   (rows `row`, columns `cols`, masked to row_ok and cols < N, other=0.0) as float32, its sum of squares
+        #   per row (tl.sum over axis 1), rstd = rsqrt(sum / N + eps) stored to rstd_ptr + row, then
+        #   y = x * rstd * w stored in y's dtype: the chunked branch above does the same a chunk at a time
+        mask = row_ok[:, None] & (cols[None, :] < N)
+        offsets = row[:, None] * N + cols[None, :]
+        # other=0.0: the lanes past the row's end add 0 to the sum of squares.
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        sum_sq = tl.sum(x * x, axis=1)
+        # The mean divides by N, the row's length, not by BLOCK: the masked lanes are not part of the row.
+        rstd = tl.rsqrt(sum_sq / N + eps)
+        tl.store(rstd_ptr + row, rstd, mask=row_ok)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+        # SOLUTION STUB
+        # tl.static_assert(False, "lab07.8: the Triton RMSNorm forward (rows in registers) is not written yet")
+        # SOLUTION END
 # --8<-- [end:fwd_kernel]
 
 
@@ -132,37 +132,12 @@ def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dot_ptr, partia
     fewer), one after another: dx = rstd * (w*dy) - rstd^3 * x * mean(w*dy*x) per row, and this program's partial
     of grad_weight, the sum over its rows of dy * x * rstd, stored as float32 row pid of partial (programs x N).
     dot: a float32 scratch of one value per row, for the CHUNKED path's mean(w*dy*x)."""
-    # SOLUTION BEGIN lab07.8: backward. For i in range(0, rows_per_program), row = pid*rows_per_program + i
-    #   (int64; mask the loads and stores to row < rows): dx from the formula above, in float32, stored in dx's
-    #   dtype, and dy * x * rstd added into a float32 accumulator of BLOCK columns; then store the accumulator as
-    #   row pid of partial (not an atomic add: see the finalize). CHUNKED (BLOCK < N): first each row's
-    #   mean(w*dy*x) into dot[row], tl.debug_barrier(), then per chunk of columns: the rows loop, store the chunk
     first = tl.program_id(0).to(tl.int64) * rows_per_program  # int64, so row * N cannot wrap past 2^31
     cols = tl.arange(0, BLOCK)
     partial_row = partial_ptr + tl.program_id(0).to(tl.int64) * N
-    if not CHUNKED:
-        col_ok = cols < N
-        # Loaded once for all of this program's rows: what a program gains from taking a block of rows.
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in range(0, rows_per_program):
-            row = first + i
-            # Rows past the end (the last program's) load zeros: dy = 0 adds nothing to dw, and nothing is stored.
-            mask = col_ok & (row < rows)
-            x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(rstd_ptr + row, mask=row < rows, other=0.0)
-            wdy = w * dy
-            # The row's one reduction: every y of the row depends on every x of it, through rstd.
-            dot = tl.sum(wdy * x, axis=0) / N
-            dx = rstd * wdy - rstd * rstd * rstd * x * dot
-            tl.store(dx_ptr + row * N + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            dw += dy * x * rstd
-        tl.store(partial_row + cols, dw, mask=col_ok)
-    else:
-        # Neither a row nor a grad_weight accumulator of N columns fits in registers. Pass 1: each row's
-        # mean(w*dy*x), kept in dot (4 bytes a row). Pass 2 goes column chunk by column chunk, each over all of
-        # this program's rows, so the accumulator is one chunk, kept in registers and stored once.
+    if CHUNKED:  # given: neither a row nor a grad_weight accumulator of N columns fits in registers
+        # Pass 1: each row's mean(w*dy*x), kept in dot (4 bytes a row). Pass 2 goes column chunk by column chunk,
+        # each over all of this program's rows, so the accumulator is one chunk, kept in registers and stored once.
         for i in range(0, rows_per_program):
             row = first + i
             acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -192,9 +167,33 @@ def _rms_norm_bwd_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dot_ptr, partia
                 tl.store(dx_ptr + row * N + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
                 dw += dy * x * rstd
             tl.store(partial_row + start + cols, dw, mask=col_ok)
-    # SOLUTION STUB
-    # tl.static_assert(False, "lab07.8: the Triton RMSNorm backward kernel is not written yet")
-    # SOLUTION END
+    else:
+        # SOLUTION BEGIN lab07.9: the backward's rows in registers (BLOCK >= N). Load w once (cols < N, as
+        #   float32); for i in range(0, rows_per_program), row = first + i, masked to row < rows: dx from the
+        #   formula above in float32, stored in dx's dtype, and dy * x * rstd added into a float32 accumulator of
+        #   BLOCK columns; then store the accumulator as row pid of partial (not an atomic add: see the
+        #   finalize). The chunked branch above does the same a chunk of columns at a time
+        col_ok = cols < N
+        # Loaded once for all of this program's rows: what a program gains from taking a block of rows.
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(0, rows_per_program):
+            row = first + i
+            # Rows past the end (the last program's) load zeros: dy = 0 adds nothing to dw, and nothing is stored.
+            mask = col_ok & (row < rows)
+            x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + row, mask=row < rows, other=0.0)
+            wdy = w * dy
+            # The row's one reduction: every y of the row depends on every x of it, through rstd.
+            dot = tl.sum(wdy * x, axis=0) / N
+            dx = rstd * wdy - rstd * rstd * rstd * x * dot
+            tl.store(dx_ptr + row * N + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw += dy * x * rstd
+        tl.store(partial_row + cols, dw, mask=col_ok)
+        # SOLUTION STUB
+        # tl.static_assert(False, "lab07.9: the Triton RMSNorm backward (rows in registers) is not written yet")
+        # SOLUTION END
 # --8<-- [end:bwd_kernel]
 
 
@@ -208,7 +207,7 @@ def _grad_weight_finalize_kernel(partial_ptr, dw_ptr, programs, N, BLOCK: tl.con
     # run, and so do the last bits of grad_weight. Here the order is fixed (the split into programs is too), so
     # the same inputs give the same bits every run. The partials are float32 even for 16-bit weights: rounding
     # each to 16 bits before the sum would add `programs` roundings; this way there is one, on the store.
-    # SOLUTION BEGIN lab07.8: finalize. A float32 accumulator of BLOCK columns; add partial rows 0, 1, ...,
+    # SOLUTION BEGIN lab07.9: finalize. A float32 accumulator of BLOCK columns; add partial rows 0, 1, ...,
     #   programs - 1 in that order (a plain loop); store it in dw's dtype, masked to the columns < N
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < N
@@ -219,7 +218,7 @@ def _grad_weight_finalize_kernel(partial_ptr, dw_ptr, programs, N, BLOCK: tl.con
         rows_ptr += N
     tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=col_ok)
     # SOLUTION STUB
-    # tl.static_assert(False, "lab07.8: the grad_weight finalize kernel is not written yet")
+    # tl.static_assert(False, "lab07.9: the grad_weight finalize kernel is not written yet")
     # SOLUTION END
 # --8<-- [end:finalize_kernel]
 

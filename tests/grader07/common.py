@@ -110,10 +110,10 @@ AUTOGRAD_HINT = (
     "weight, eps), save x, weight and rstd, return y; backward: ops.rms_norm_backward(grad_y.contiguous(), x, weight, "
     "rstd) -> (grad_x, grad_weight, None, None): one gradient per input of forward, in their order")
 TRITON_HINT = (
-    "triton_rms_norm.py (lab07.8): forward: rows of x as float32, the sum of squares with tl.sum over the row "
-    "(masked lanes loaded as 0), rstd = rsqrt(sum / N + eps), y = x * rstd * w stored in y's dtype; backward: "
-    "dx = rstd * (w dy) - rstd^3 x mean(w dy x), and each program's float32 partial of grad_weight, added in "
-    "program order by the finalize")
+    "triton_rms_norm.py: forward (lab07.8): rows of x as float32, the sum of squares with tl.sum over the row "
+    "(masked lanes loaded as 0), rstd = rsqrt(sum / N + eps), y = x * rstd * w stored in y's dtype; backward "
+    "(lab07.9): dx = rstd * (w dy) - rstd^3 x mean(w dy x), and each program's float32 partial of grad_weight, "
+    "added in program order by the finalize. Rows longer than the register path take the given chunked branches")
 INT64_HINT = ("index with int64_t: rows * n passes 2^31 here, and a row offset (row * n) or an element index kept "
               "in an int wraps")
 
@@ -130,7 +130,7 @@ def autograd_module():
 
 
 def triton_module():
-    """The graded tree's triton_rms_norm.py (lab07.8): importing it registers torch.ops.course07.*."""
+    """The graded tree's triton_rms_norm.py (lab07.8, lab07.9): importing it registers torch.ops.course07.*."""
     return LAB.python("triton_rms_norm")
 
 

@@ -1,4 +1,4 @@
-"""triton_rms_norm.py (lab07.8), the same RMSNorm in Triton as a torch.library.triton_op. Without a GPU: the ops
+"""triton_rms_norm.py (lab07.8 the forward, lab07.9 the backward), the same RMSNorm in Triton as a torch.library.triton_op. Without a GPU: the ops
 registered, their outputs' metadata on fake tensors (and on a GPU, the same as the real outputs'), their checks.
 On the GPU: against float64, where eps decides, grad_weight bitwise the same run after run, the kernels under
 stress, and torch.compile of a small model around the op without a graph break.
@@ -109,7 +109,7 @@ def _odd_layout_inputs(dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", TRITON_DTYPES, ids=dtype_name)
-@harness.tasks("lab07.8")
+@harness.tasks("lab07.8", "lab07.9")
 def test_triton_fake_matches_real(dtype):
     """The ops on fake copies of real inputs (FakeTensorMode.from_tensor, as torch.compile sees them) give outputs of
     the real ones' shapes, strides, dtypes and storage offsets, on inputs of an unusual but accepted layout."""
@@ -161,7 +161,7 @@ def test_triton_refuses_bad_input():
             LAB.assert_raises_clearly(fn, must_mention=words, case=what)
 
 
-# ---------------------------------------------------------------- GPU: the Triton op (triton_rms_norm.py, lab07.8)
+# ---------------------------------------------------------------- GPU: the Triton op (triton_rms_norm.py, lab07.8-9)
 # n: 33 (64-lane blocks, 64 rows a program), 4097 (one row a program, a block of 8192), 20000 (past MAX_BLOCK =
 # 16384: the chunked path), 64 with 1027 rows (the backward: 343 programs of 3 rows, and a 17-program forward).
 # Each (dtype, block, divisibility of n and rows by 16) is a Triton compile of its own on a cold cache: few
@@ -172,7 +172,7 @@ TRITON_CASES = [((7, 33), FP32), ((7, 33), FP16), ((4, 5, 4097), BF16), ((3, 200
 @requires_gpu
 @pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
                                           for s, d in TRITON_CASES])
-@harness.tasks("lab07.8")
+@harness.tasks("lab07.8", "lab07.9")
 def test_triton_rms_norm(shape, dtype):
     """course07::rms_norm_fwd and rms_norm_bwd on the GPU: y and rstd, then grad_x and grad_weight through
     triton_rms_norm.rms_norm and torch.autograd.grad (register_autograd's backward), against float64."""
@@ -209,7 +209,7 @@ def test_triton_rms_norm_eps(pattern):
 
 
 @requires_gpu
-@harness.tasks("lab07.8")
+@harness.tasks("lab07.9")
 def test_triton_grad_weight_is_bitwise_deterministic():
     triton_module()
     x, weight, grad_y = rms_inputs((8197, 64), BF16)  # 483 programs of 17 rows
@@ -242,7 +242,7 @@ RACE_HINT = ("a value one thread of a program stores and others load needs a tl.
 @LARGE  # 16 runs of each case: long under compute-sanitizer, whose racecheck sees shared memory, not these races
 @pytest.mark.parametrize("shape, dtype", [pytest.param(s, d, id=f"{shape_id(s)}-{dtype_name(d)}")
                                           for s, d in TRITON_STRESS_CASES])
-@harness.tasks("lab07.8")
+@harness.tasks("lab07.8", "lab07.9")
 def test_triton_stress(shape, dtype):
     module = triton_module()
     ops = torch.ops.course07
@@ -282,7 +282,7 @@ class _SmallModel(torch.nn.Module):
 
 
 @requires_gpu
-@harness.tasks("lab07.8")
+@harness.tasks("lab07.8", "lab07.9")
 def test_triton_op_compiles_without_graph_breaks():
     """Linear -> triton_rms_norm.rms_norm -> Linear: torch._dynamo.explain finds one graph (no graph break: the op
     is an operator torch.compile traces, not an opaque call), and torch.compile(fullgraph=True) of it gives the
