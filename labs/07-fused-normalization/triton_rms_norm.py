@@ -1,7 +1,8 @@
-# Lab skeleton generated from solutions/07-fused-normalization/triton_rms_norm.py by `./course labs` [lab-hash c4c77b960b14].
+# Lab skeleton generated from solutions/07-fused-normalization/triton_rms_norm.py by `./course labs` [lab-hash a790ed826510].
 # Students: fill in the TODO(lab07.k) blocks, then run `./course grade 07`.
 # Instructors: edit the solution file instead, then run `./course labs`.
-"""Lab 07, parts 8 (forward) and 9 (backward): RMSNorm in Triton, forward and backward, as PyTorch custom operators that torch.compile sees into.
+"""Lab 07, tasks 8 (forward) and 9 (backward): RMSNorm in Triton, as PyTorch custom operators that torch.compile
+sees into.
 
     y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight        x (..., N), weight (N,)
 

@@ -1,4 +1,5 @@
-"""Lab 07, parts 8 (forward) and 9 (backward): RMSNorm in Triton, forward and backward, as PyTorch custom operators that torch.compile sees into.
+"""Lab 07, tasks 8 (forward) and 9 (backward): RMSNorm in Triton, as PyTorch custom operators that torch.compile
+sees into.
 
     y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight        x (..., N), weight (N,)
 
