@@ -1,8 +1,7 @@
 """triton_rms_norm.py (lab07.8 the forward, lab07.9 the backward), the same RMSNorm in Triton as a
-torch.library.triton_op. Without a GPU: the ops registered, their outputs' metadata on fake tensors (and on a GPU, the same as the real outputs'), their checks.
-On the GPU: against float64, where eps decides, grad_weight bitwise the same run after run, the kernels under
-stress, and torch.compile of a small model around the op without a graph break.
-"""
+torch.library.triton_op. Without a GPU: the ops registered, their outputs' metadata on fake tensors (and on a GPU,
+the same as the real outputs'), their checks. On the GPU: against float64, where eps decides, grad_weight bitwise the
+same run after run, the kernels under stress, and torch.compile of a small model around the op without a graph break."""
 from __future__ import annotations
 
 import pytest
