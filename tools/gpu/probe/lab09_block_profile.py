@@ -2,12 +2,12 @@
 
     python3 tools/gpu/probe/lab09_block_profile.py [eager|compiled ...]   (JSON to $OUT/lab09-block-profile.json)
 
-The grader's perf case (test_09 BLOCK_PERF: batch 8, seqlen 2048, hidden 2048, 16 heads, 4 KV heads, bf16), its
-step (forward, then autograd.grad of every parameter and x), run under torch.profiler after warm-up. Per mode and
-per ops set: the step's median time by CUDA events (11 runs), then every CUDA kernel's summed device time over
-PROFILED_STEPS steps, divided per step, largest first, with a category (gemm, attention, norm, gelu, elementwise /
-fused by Inductor, other) so the two columns can be compared category by category: the gap between the two blocks
-is then read off a measurement, not guessed.
+The grader's perf case (tests/grader09/speed.py's BLOCK_PERF: batch 8, seqlen 2048, hidden 2048, 16 heads, 4 KV
+heads, bf16), its step (forward, then autograd.grad of every parameter and x), run under torch.profiler after
+warm-up. Per mode and per ops set: the step's median time by CUDA events (11 runs), then every CUDA kernel's summed
+device time over PROFILED_STEPS steps, divided per step, largest first, with a category (gemm, attention, norm, gelu,
+elementwise / fused by Inductor, other) so the two columns can be compared category by category: the gap between the
+two blocks is then read off a measurement, not guessed.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("COURSE_IMPL", "solutions")
-import test_09_custom_ops as T  # noqa: E402  (the grader's block, ops and step: one source of truth)
+from grader09 import speed as T  # noqa: E402  (the grader's block, ops and step: one source of truth)
 
 PROFILED_STEPS = 5
 CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa", "cudnn", "attn")),

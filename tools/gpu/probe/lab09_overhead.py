@@ -4,7 +4,7 @@
 
 Host microseconds per call of bias_gelu on a tiny input (8 x 64 float32: the GPU runs it faster than the host
 launches it, so host time is the overhead), each against lab 06's pybind11 bias_gelu of the same tree, the same
-kernel (tests/lab09_support.host_us_per_call: 2000 calls back to back, the callables in turn, median of 9 rounds):
+kernel (tests/grader09/support.host_us_per_call: 2000 calls back to back, the callables in turn, median of 9 rounds):
   - torch.ops.<ns>.bias_gelu (the OpOverloadPacket, as users call it) and .default (the overload: no packet
     resolution), each under torch.inference_mode() (the Autograd keys skipped) and with grad mode on (register_
     autograd's Python kernel first, inputs not requiring grad);
@@ -24,7 +24,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
-import lab09_support as S  # noqa: E402
+from grader09 import support as S  # noqa: E402
 
 import harness  # noqa: E402
 from harness import build, trees  # noqa: E402
