@@ -11,9 +11,8 @@ import textwrap
 import threading
 import time
 
-import lab09_aot
-import lab09_stable_abi
 import pytest
+from grader09 import aot, stable_abi
 
 from harness import folders, jit, mutants, notebooks, trees
 
@@ -43,14 +42,14 @@ def test_lab09_builds_read_the_graded_tree(tmp_path):
     stable/ and package/, which are given code, too); an edit there gives the build another key."""
     tree = _submission(tmp_path)
     lab_dir = LAB09.dir_in(tree)
-    tools = lab09_stable_abi._stable_tools()
+    tools = stable_abi._stable_tools()
     course = {trees.INCLUDE, trees.TESTS / "harness"}
-    stable, package = tools.wheel_sources(lab_dir / "stable"), lab09_aot.wheel_inputs(lab_dir)
+    stable, package = tools.wheel_sources(lab_dir / "stable"), aot.wheel_inputs(lab_dir)
     for name, path in stable + package:
         assert path.is_relative_to(tree.path) or path.parent in course or path.parent.parent in course, (name, path)
     assert lab_dir / "stable" / "bias_gelu_stable.cpp" in [path for _, path in stable]
     assert lab_dir / "package" / "setup.py" in [path for _, path in package]
-    options = lab09_aot._cmake_options(tree)
+    options = aot._cmake_options(tree)
     assert options["COURSE_TREES"] == f"{tree.tag}={tree.path}" and options["COURSE_LABS"] == LAB09.name
     key = tools.wheel_key(lab_dir / "stable")
     edited = _submission(tmp_path, "edited", [("stable/bias_gelu_stable.cpp", "namespace {", "namespace {  // edit")])
@@ -62,7 +61,7 @@ def test_lab09_builds_read_the_graded_tree(tmp_path):
 def test_ci_prebuilds_into_the_graders_folders():
     """.ci/run builds the reference's wheels before the suite; the grader of solutions/ looks in the same folders."""
     solutions = trees.resolve_tree("solutions")
-    assert lab09_stable_abi._stable_tools().default_build_dir() == LAB09.build_dir(solutions, "stable-abi")
+    assert stable_abi._stable_tools().default_build_dir() == LAB09.build_dir(solutions, "stable-abi")
 
 
 def test_a_missing_given_file_is_named(tmp_path):
@@ -70,7 +69,7 @@ def test_a_missing_given_file_is_named(tmp_path):
     tree = _submission(tmp_path)
     (LAB09.dir_in(tree) / "stable" / "setup.py").unlink()
     with pytest.raises(FileNotFoundError, match=r"lacks setup\.py: given code .* labs/09-custom-ops/stable/"):
-        lab09_stable_abi._stable_tools().build_wheel(LAB09.dir_in(tree) / "stable", tmp_path / "out")
+        stable_abi._stable_tools().build_wheel(LAB09.dir_in(tree) / "stable", tmp_path / "out")
 
 
 # A builder of one output in one folder, as the lab 09 builds are made: under the folder's lock, in a partial folder

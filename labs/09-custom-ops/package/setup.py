@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/package/setup.py by `./course labs` [lab-hash b41b21bbbe67].
+# Lab skeleton generated from solutions/09-custom-ops/package/setup.py by `./course labs` [lab-hash 56335dbe7629].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """The course_ops wheel: lab 09's op library built with setuptools and torch's CUDAExtension.
@@ -17,7 +17,7 @@ the lab folder into the wheel (BuildPy), so each has one source. (Hence no edita
 -e`: it would import the package from this folder, where they are not.)
 
 Intermediate files go to build/wheel/<tree>/ of the repository, not into this folder: `./course labs` copies
-every file under solutions/ into labs/. The grader (tests/lab09_aot.py) sets COURSE_WHEEL_BUILD to a folder of
+every file under solutions/ into labs/. The grader (tests/grader09/aot.py) sets COURSE_WHEEL_BUILD to a folder of
 the graded tree's own, and COURSE_ROOT to the course checkout when the tree is a submission stored elsewhere.
 """
 import importlib.metadata

@@ -1,11 +1,11 @@
-# Lab skeleton generated from solutions/09-custom-ops/stable/check_registration.py by `./course labs` [lab-hash 201285c96659].
+# Lab skeleton generated from solutions/09-custom-ops/stable/check_registration.py by `./course labs` [lab-hash c1cd13cac208].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """What the installed stable-ABI wheel registers in the running torch, as JSON on stdout. No GPU needed.
 
     python check_registration.py SITE     # SITE: the folder the wheel was installed into (pip install --target)
 
-tests/lab09_stable_abi.py runs it under two torch versions with the same wheel and compares the two
+tests/grader09/stable_abi.py runs it under two torch versions with the same wheel and compares the two
 reports: the op's schema, the fake kernel's output (shape, dtype, strides, device) under FakeTensorMode
 for several shapes in all four dtypes, and the dispatcher's refusal of a CPU tensor. Only the standard
 library and torch, in the python that runs it.

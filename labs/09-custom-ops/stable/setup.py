@@ -1,4 +1,4 @@
-# Lab skeleton generated from solutions/09-custom-ops/stable/setup.py by `./course labs` [lab-hash d7d3aa734558].
+# Lab skeleton generated from solutions/09-custom-ops/stable/setup.py by `./course labs` [lab-hash d3c2281662d9].
 # Students: fill in the TODO(lab09.k) blocks, then run `./course grade 09`.
 # Instructors: edit the solution file instead, then run `./course labs`.
 """The stable-ABI wheel of lesson 06's bias + GELU: one binary for every torch from 2.10 on, any CPython >= 3.10.
@@ -12,7 +12,7 @@ otherwise, and lands in the wheel as course_stable_ops/_C.abi3.so. Intermediate 
 build/stable-abi/ of the repository (BUILD_BASE), not into this folder; the grader (stable_tools.py)
 sets COURSE_STABLE_BUILD to a folder of the graded tree's own, and COURSE_ROOT to the course checkout.
 
-What the .so needs at load time, from readelf -d (tests/lab09_stable_abi.py checks it): NEEDED
+What the .so needs at load time, from readelf -d (tests/grader09/stable_abi.py checks it): NEEDED
 libtorch_cpu.so (the stable C shim: aoti_torch_*, torch_*), libstdc++.so.6, libgcc_s.so.1, libc.so.6,
 ld-linux-x86-64.so.2; no RPATH or RUNPATH (libtorch_cpu.so is found by its soname, already loaded by
 `import torch`). Not libtorch_python nor libpython: it is no Python extension module (no Python API,

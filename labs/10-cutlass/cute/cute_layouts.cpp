@@ -1,4 +1,4 @@
-// Lab skeleton generated from solutions/10-cutlass/cute/cute_layouts.cpp by `./course labs` [lab-hash 0cfb8b35c702].
+// Lab skeleton generated from solutions/10-cutlass/cute/cute_layouts.cpp by `./course labs` [lab-hash 5446df2b5f6c].
 // Students: fill in the TODO(lab10.k) blocks, then run `./course grade 10`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lesson 05's layouts written as CuTe layouts (lesson 10, the CuTe reading). Host-only: CuTe's layout
@@ -7,7 +7,7 @@
 //
 //   nvcc -std=c++17 -O1 -I<cutlass>/include cute_layouts.cpp -o cute_layouts   (tools/course/cutlass.py --flags)
 //   ./cute_layouts            the tables, for the page
-//   ./cute_layouts --dump     one line per element, for tests/lab10_cute_layouts.py, which checks each one
+//   ./cute_layouts --dump     one line per element, for tests/grader10/cute_layouts.py, which checks each one
 //                             against lesson 05's own functions (solutions/05-tensor-cores/mma.cuh)
 //
 // What is here, and what in lesson 05 it is:

@@ -14,7 +14,7 @@ the lab folder into the wheel (BuildPy), so each has one source. (Hence no edita
 -e`: it would import the package from this folder, where they are not.)
 
 Intermediate files go to build/wheel/<tree>/ of the repository, not into this folder: `./course labs` copies
-every file under solutions/ into labs/. The grader (tests/lab09_aot.py) sets COURSE_WHEEL_BUILD to a folder of
+every file under solutions/ into labs/. The grader (tests/grader09/aot.py) sets COURSE_WHEEL_BUILD to a folder of
 the graded tree's own, and COURSE_ROOT to the course checkout when the tree is a submission stored elsewhere.
 """
 import importlib.metadata

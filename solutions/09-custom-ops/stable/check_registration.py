@@ -2,7 +2,7 @@
 
     python check_registration.py SITE     # SITE: the folder the wheel was installed into (pip install --target)
 
-tests/lab09_stable_abi.py runs it under two torch versions with the same wheel and compares the two
+tests/grader09/stable_abi.py runs it under two torch versions with the same wheel and compares the two
 reports: the op's schema, the fake kernel's output (shape, dtype, strides, device) under FakeTensorMode
 for several shapes in all four dtypes, and the dispatcher's refusal of a CPU tensor. Only the standard
 library and torch, in the python that runs it.

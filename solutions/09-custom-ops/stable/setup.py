@@ -9,7 +9,7 @@ otherwise, and lands in the wheel as course_stable_ops/_C.abi3.so. Intermediate 
 build/stable-abi/ of the repository (BUILD_BASE), not into this folder; the grader (stable_tools.py)
 sets COURSE_STABLE_BUILD to a folder of the graded tree's own, and COURSE_ROOT to the course checkout.
 
-What the .so needs at load time, from readelf -d (tests/lab09_stable_abi.py checks it): NEEDED
+What the .so needs at load time, from readelf -d (tests/grader09/stable_abi.py checks it): NEEDED
 libtorch_cpu.so (the stable C shim: aoti_torch_*, torch_*), libstdc++.so.6, libgcc_s.so.1, libc.so.6,
 ld-linux-x86-64.so.2; no RPATH or RUNPATH (libtorch_cpu.so is found by its soname, already loaded by
 `import torch`). Not libtorch_python nor libpython: it is no Python extension module (no Python API,

@@ -8,7 +8,7 @@
 Only the standard library here: the second torch's python imports nothing of it.
 
 The wheel: `pip wheel --no-build-isolation` of a tree's stable/ folder (this one from the command line; the graded
-tree's when tests/lab09_stable_abi.py builds it), into build/stable-abi/<tree tag>/09-custom-ops/, the tree's own
+tree's when tests/grader09/stable_abi.py builds it), into build/stable-abi/<tree tag>/09-custom-ops/, the tree's own
 folder (tests/harness/trees.py: Lab.build_dir), so concurrent grading runs of different trees never share one.
 There, under the folder's lock (tests/harness/folders.py), the wheel is made in a partial folder and renamed to
 dist-<key>, the key a hash of every file it is made from: a dist-<key> that exists is whole and current, and a

@@ -4,7 +4,7 @@
 //
 //   nvcc -std=c++17 -O1 -I<cutlass>/include cute_layouts.cpp -o cute_layouts   (tools/course/cutlass.py --flags)
 //   ./cute_layouts            the tables, for the page
-//   ./cute_layouts --dump     one line per element, for tests/lab10_cute_layouts.py, which checks each one
+//   ./cute_layouts --dump     one line per element, for tests/grader10/cute_layouts.py, which checks each one
 //                             against lesson 05's own functions (solutions/05-tensor-cores/mma.cuh)
 //
 // What is here, and what in lesson 05 it is:

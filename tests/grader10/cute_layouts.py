@@ -8,8 +8,8 @@ lesson 05's code does, from its formulas, transcribed below with the line each c
 fails when a quoted line is no longer in its file, so the transcription cannot silently drift from the code),
 and compares every element.
 
-Not a test_*.py file yet: lab 10 has no grader of its own (issue 18); `pytest tests/lab10_cute_layouts.py`
-runs it, and `python tests/lab10_cute_layouts.py` prints the tables and the compile time.
+Not a test_*.py file yet: lab 10 has no grader of its own (issue 18); `pytest tests/grader10/cute_layouts.py`
+runs it, and `python tests/grader10/cute_layouts.py` prints the tables and the compile time.
 
 The program is compiled once per source and include set (build/cute/, keyed by a hash), with nvcc as a host
 compiler: CuTe's layouts are host code. About 8 s on a 2-core machine under load.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "solutions" / "10-cutlass" / "cute" / "cute_layouts.cpp"
 LESSON05 = ROOT / "solutions" / "05-tensor-cores"
 BUILD = ROOT / "build" / "cute"

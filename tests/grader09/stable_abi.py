@@ -1,8 +1,8 @@
 """Lab 09's stable-ABI build (<tree>/09-custom-ops/stable/): one wheel, built once, loaded by two torch versions.
 
 Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the test_stable_* functions from
-here (`from lab09_stable_abi import *` brings exactly those, see __all__); `pytest tests/lab09_stable_abi.py` also
-runs them. They need no fixture: the wheel, its installed copies and the second torch are made by cached
+here (`from grader09.stable_abi import *` brings exactly those, see __all__); `pytest tests/grader09/stable_abi.py`
+also runs them. They need no fixture: the wheel, its installed copies and the second torch are made by cached
 functions, once per process, so importing the functions is enough (the wheel's build may start early, beside
 the lab's other tests: start_early).
 

@@ -1,7 +1,7 @@
 """Lab 09's nine op schemas, once: what ops.cpp's TORCH_LIBRARY block must define (TODO lab09.1).
 
-Every build of the lab is checked against this one list: the grader's JIT build (tests/lab09_support.py reads
-SCHEMAS from here), the CMake library and the wheel (tests/lab09_aot.py). The text is the schema without its
+Every build of the lab is checked against this one list: the grader's JIT build (tests/grader09/support.py reads
+SCHEMAS from here), the CMake library and the wheel (tests/grader09/aot.py). The text is the schema without its
 namespace, as ops.cpp writes it; `qualified(ns)` gives what torch prints for torch.ops.<ns>.<op>.default._schema
 (PyTorch's own spelling: a default of 1e-06 prints as 9.9999999999999995e-07, so compare parsed schemas).
 """

@@ -1,8 +1,9 @@
 """Lab 09's grader, its helpers: what the nine ops must look like (schemas, outputs), inputs for each op that work on
 real and on fake tensors, a dispatch recorder, the float64 references, and the decoder block's golden.
 
-Kept apart from tests/test_09_custom_ops.py (which holds the tests, the mutants and the bars) so that file stays
-readable. Nothing here builds or grades: the test file asks its LAB handle for the build and passes the ops in.
+Kept apart from the tests (tests/test_09_custom_ops.py and the parts of this package it imports, which hold the
+tests, the mutants and the bars) so that they stay readable. Nothing here builds or grades: the tests ask their LAB
+handle for the build and pass the ops in.
 """
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-import lab09_schemas
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from grader09 import schemas
 from harness import attention, check, perf
 from harness.check import dtype_name, shape_id, tolerance
 
@@ -27,9 +28,9 @@ EPS = 1e-6
 
 # ---------------------------------------------------------------- the ops' contract
 # Each op's schema without its namespace, as ops.cpp's TORCH_LIBRARY block defines it (TODO lab09.1): one list for
-# every build of the lab (JIT, CMake, wheel), in tests/lab09_schemas.py. The grader compares arguments (names,
+# every build of the lab (JIT, CMake, wheel), in tests/grader09/schemas.py. The grader compares arguments (names,
 # types, defaults, mutation annotations) exactly and results by type.
-SCHEMAS = lab09_schemas.SCHEMAS
+SCHEMAS = schemas.SCHEMAS
 NAMES = tuple(SCHEMAS)
 # The differentiable ops: their backward op, and which of their inputs (by position) take a gradient.
 BACKWARD_OF = {"bias_gelu": "bias_gelu_backward", "rms_norm": "rms_norm_backward", "softmax": "softmax_backward",

@@ -1,7 +1,7 @@
 """Lab 09's ahead-of-time builds: the CMake op library and the course_ops wheel register the same ops as the JIT build.
 
 Not a test_*.py file: the lab's grader, tests/test_09_custom_ops.py, imports the test_aot_* functions from here;
-`pytest tests/lab09_aot.py` also runs them. They need no fixture of their own (an imported function brings none):
+`pytest tests/grader09/aot.py` also runs them. They need no fixture of their own (an imported function brings none):
 the builds are made by cached functions, once per process, started early when the session selects these tests
 (start_early, harness/background.py: they run beside the lab's other tests).
 
@@ -19,7 +19,7 @@ one at a time under the folder's lock, and what they hand over is published whol
     and an abi3 library without libpython or libtorch_python;
   - each in a subprocess of its own (both define the namespace `course`, which a process can load once):
     torch.ops.load_library + ops.register("course") for the CMake library, `import course_ops` for the wheel
-    installed with pip --target. Both give tests/lab09_schemas.py's nine schemas, a CUDA kernel for each op, the
+    installed with pip --target. Both give tests/grader09/schemas.py's nine schemas, a CUDA kernel for each op, the
     same fake-tensor results (FakeTensorMode on fake CUDA tensors: no GPU needed), and the dispatcher's own
     refusal of CPU tensors;
   - on a GPU: both give bitwise the outputs of the grader's JIT build of the same tree on the same inputs.
@@ -29,8 +29,8 @@ Which trees: solutions always; labs and submissions when CI or COURSE_AOT is set
 (labs) to 6.8 min (solutions), the wheel 2.6 to 5.0 min; warm, the tests take about 25 s. CI builds both for the
 solutions before the suite (.ci/run), so lab 09's grading stays inside its deadline.
 
-    python tests/lab09_aot.py wheel [labs|solutions|PATH]   # build (or reuse) the wheel, print its path
-    python tests/lab09_aot.py cmake [labs|solutions|PATH]   # build (or reuse) the CMake library
+    python tests/grader09/aot.py wheel [labs|solutions|PATH]   # build (or reuse) the wheel, print its path
+    python tests/grader09/aot.py cmake [labs|solutions|PATH]   # build (or reuse) the CMake library
 """
 from __future__ import annotations
 
@@ -49,13 +49,18 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import lab09_schemas
-import pytest
-import torch
+if __name__ == "__main__":  # a script (the commands above, the probe's fresh python): import from tests/, as pytest
+    # does, and not from this folder, whose modules must not shadow others of their names
+    _HERE = os.path.realpath(os.path.dirname(__file__))
+    sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
 
-import harness
-from harness import background, folders, jit, requires_gpu, trees
-from harness import build as lab_build
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import harness  # noqa: E402
+from grader09 import schemas  # noqa: E402
+from harness import background, folders, jit, requires_gpu, trees  # noqa: E402
+from harness import build as lab_build  # noqa: E402
 
 LAB = trees.find_lab("09")
 NAMESPACE = "course"  # ops.cpp's COURSE_OPS_NAMESPACE in both ahead-of-time builds
@@ -472,14 +477,14 @@ def expected_fakes() -> dict:
 
 
 def assert_registers_the_ops(report: dict, what: str) -> None:
-    expected = lab09_schemas.qualified(NAMESPACE)
+    expected = schemas.qualified(NAMESPACE)
     got = report["schemas"]
     missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
     assert not missing and not extra, (f"{what} registers {sorted(got)} in torch.ops.{NAMESPACE}; missing {missing}, "
                                        f"unexpected {extra} (ops.cpp's TORCH_LIBRARY block, TODO lab09.1)")
     wrong = {name: f"got {got[name]!r}, expected {expected[name]!r}"
              for name in expected if got[name] != expected[name]}
-    assert not wrong, f"{what}: schemas differ from tests/lab09_schemas.py: {wrong}"
+    assert not wrong, f"{what}: schemas differ from tests/grader09/schemas.py: {wrong}"
     no_kernel = sorted(set(expected) - set(report["cuda_kernels"]))
     assert not no_kernel, (f"{what}: no CUDA kernel bound to {no_kernel} "
                            "(TORCH_LIBRARY_IMPL(..., CUDA, m), TODO lab09.2)")
