@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import harness
 from harness import requires_gpu
-from harness.check import check_placement
+from harness.check import check_placement, run_past_2_31
 
 from .common import (
     BF16,
@@ -41,15 +41,6 @@ def huge_inputs(with_grad_y: bool):
     return x, bias, (torch.randn(HUGE, dtype=BF16, device="cuda") if with_grad_y else None)
 
 
-def _huge_call(fn, case):
-    try:
-        out = fn()
-        torch.cuda.synchronize()
-        return out
-    except RuntimeError as error:
-        raise harness.GradeFailure(f"{case}: {str(error).splitlines()[0][:300]}\n  hint: {INT64_HINT}") from None
-
-
 def _columns(part: slice, cols: int):
     return torch.arange(part.start, part.stop, device="cuda") % cols
 
@@ -62,7 +53,7 @@ def test_forward_past_2_31_elements(vectorized, gpu_memory):
     gpu_memory(12)
     x, bias, _ = huge_inputs(False)
     case = forward_case(x, BF16, "none", vectorized) + f", {x.numel()} elements = 2^31 + {x.numel() - 2**31}"
-    y = _huge_call(lambda: LAB.module.bias_gelu(x, bias, vectorized=vectorized), case)
+    y = run_past_2_31(lambda: LAB.module.bias_gelu(x, bias, vectorized=vectorized), case, hint=INT64_HINT)
     check_placement(y, shape=HUGE, like=x, name="y", case=case)
     flat_x, b64 = x.reshape(-1), bias.double()
     harness.check.assert_ends_close(
@@ -79,8 +70,8 @@ def test_backward_past_2_31_elements(vectorized, gpu_memory):
     gpu_memory(20)
     x, bias, grad_y = huge_inputs(True)
     case = backward_case(x, BF16, "none", vectorized) + f", {x.numel()} elements = 2^31 + {x.numel() - 2**31}"
-    grad_x, grad_bias = _huge_call(lambda: LAB.module.bias_gelu_backward(grad_y, x, bias, vectorized=vectorized),
-                                   case)
+    grad_x, grad_bias = run_past_2_31(lambda: LAB.module.bias_gelu_backward(grad_y, x, bias, vectorized=vectorized),
+                                      case, hint=INT64_HINT)
     check_placement(grad_x, shape=HUGE, like=x, name="grad_x", case=case)
     check_placement(grad_bias, shape=HUGE[1:], like=bias, name="grad_bias", case=case)
     flat_x, flat_g, b64 = x.reshape(-1), grad_y.reshape(-1), bias.double()

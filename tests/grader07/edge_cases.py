@@ -48,7 +48,7 @@ from grader07.common import (
     softmax_tasks,
 )
 from harness import requires_gpu
-from harness.check import check_placement, column_sum, dtype_name, first_line, shape_id
+from harness.check import check_placement, column_sum, dtype_name, run_past_2_31, shape_id
 
 __all__ = [
     "test_softmax_unaligned", "test_softmax_backward_unaligned", "test_rms_norm_unaligned",
@@ -148,15 +148,6 @@ HUGE = {"registers": (2**19 + 1, 4096), "streaming": (2**16 + 1, 2**15), "on_chi
 HUGE_DTYPE = {"registers": BF16, "streaming": BF16, "on_chip": FP32}
 
 
-def _huge_call(fn, case):
-    try:
-        out = fn()
-        torch.cuda.synchronize()
-        return out
-    except RuntimeError as error:
-        raise harness.GradeFailure(f"{case}: {first_line(error)}\n  hint: {INT64_HINT}") from None
-
-
 def _rows_reference(rows_fn, n):
     """assert_ends_close's reference_of for a per-row op: the float64 result of the rows that the flat slice
     touches (rows_fn(r0, r1) -> float64 (r1 - r0, n)), cut to the slice."""
@@ -183,7 +174,7 @@ def test_softmax_past_2_31_elements(path, gpu_memory):
     x = torch.randn(HUGE[path], dtype=dtype, device="cuda")
     n = x.shape[-1]
     case = _huge_case("softmax", x, path)
-    y = _huge_call(lambda: LAB.module.softmax(x, path=path), case)
+    y = run_past_2_31(lambda: LAB.module.softmax(x, path=path), case, hint=INT64_HINT)
     check_placement(y, shape=x.shape, like=x, name="y", case=case)
     harness.check.assert_ends_close(y, _rows_reference(lambda r0, r1: golden_softmax(x[r0:r1]), n), case=case,
                                     tol=row_tol(dtype, n), hint=INT64_HINT)
@@ -199,7 +190,7 @@ def test_rms_norm_past_2_31_elements(path, gpu_memory):
     weight = torch.randn(x.shape[-1], dtype=BF16, device="cuda")
     n = x.shape[-1]
     case = _huge_case("rms_norm", x, path)
-    y, rstd = _huge_call(lambda: LAB.module.rms_norm(x, weight, path=path), case)
+    y, rstd = run_past_2_31(lambda: LAB.module.rms_norm(x, weight, path=path), case, hint=INT64_HINT)
     check_placement(y, shape=x.shape, like=x, name="y", case=case)
     check_placement(rstd, shape=x.shape[:-1], like=x, dtype=FP32, name="rstd", case=case)
     rows = x.shape[0]
@@ -223,7 +214,7 @@ def test_softmax_backward_past_2_31_elements(path, gpu_memory):
     grad_y = torch.randn(shape, dtype=BF16, device="cuda")
     n = shape[-1]
     case = _huge_case("softmax_backward", y, path)
-    grad_x = _huge_call(lambda: LAB.module.softmax_backward(grad_y, y, path=path), case)
+    grad_x = run_past_2_31(lambda: LAB.module.softmax_backward(grad_y, y, path=path), case, hint=INT64_HINT)
     check_placement(grad_x, shape=shape, like=y, name="grad_x", case=case)
     harness.check.assert_ends_close(
         grad_x, _rows_reference(lambda r0, r1: golden_softmax_backward(grad_y[r0:r1], y[r0:r1]), n), case=case,
@@ -243,7 +234,8 @@ def test_rms_norm_backward_past_2_31_elements(gpu_memory):
     n, rows = shape[-1], shape[0]
     rstd = torch.cat([reference_rstd(x[r:r + 2048], EPS) for r in range(0, rows, 2048)])
     case = _huge_case("rms_norm_backward", x, "auto")
-    grad_x, grad_weight = _huge_call(lambda: LAB.module.rms_norm_backward(grad_y, x, weight, rstd), case)
+    grad_x, grad_weight = run_past_2_31(lambda: LAB.module.rms_norm_backward(grad_y, x, weight, rstd), case,
+                                        hint=INT64_HINT)
     check_placement(grad_x, shape=shape, like=x, name="grad_x", case=case)
     check_placement(grad_weight, shape=(n,), like=weight, name="grad_weight", case=case)
     harness.check.assert_ends_close(

@@ -25,7 +25,7 @@ from grader08.common import (
 )
 from harness import attention, requires_gpu
 from harness.attention import golden
-from harness.check import check_placement, first_line
+from harness.check import check_placement, run_past_2_31
 
 __all__ = ["test_flash_forward_past_2_31_elements", "test_flash_backward_past_2_31_elements"]
 
@@ -37,15 +37,6 @@ __all__ = ["test_flash_forward_past_2_31_elements", "test_flash_backward_past_2_
 # the backward adds grad_o (4), grad_q, grad_k, grad_v (12) and the float32 dQ accumulator (8): 40 GiB, which an
 # 80 GB H100 holds (gpu_memory skips on a smaller GPU, saying so).
 HUGE = (16385, 128, 8, 128)
-
-
-def _huge_call(fn, case):
-    try:
-        out = fn()
-        torch.cuda.synchronize()
-        return out
-    except RuntimeError as error:
-        raise harness.GradeFailure(f"{case}: {first_line(error)}\n  hint: {INT64_HINT}") from None
 
 
 @requires_gpu
@@ -60,7 +51,8 @@ def test_flash_forward_past_2_31_elements(causal, gpu_memory):
     case = (f"flash_forward of q {list(q.shape)} bfloat16 ({q.numel()} elements = 2^31 + {q.numel() - 2**31}), "
             f"{mask_name(causal)}")
     harness.poison_allocator(q.numel(), BF16)
-    o, lse = _huge_call(lambda: LAB.module.flash_forward(q, k, v, causal=causal, path=FORWARD_PATH), case)
+    o, lse = run_past_2_31(lambda: LAB.module.flash_forward(q, k, v, causal=causal, path=FORWARD_PATH), case,
+                           hint=INT64_HINT)
     check_placement(o, shape=q.shape, like=q, name="o", case=case)
     check_placement(lse, shape=(batch, heads, seqlen), like=q, dtype=FP32, name="lse", case=case)
     for b in (0, batch - 1):
@@ -87,8 +79,8 @@ def test_flash_backward_past_2_31_elements(gpu_memory):
         lse[part] = golden(q[part], k[part], v[part], True, None)["lse"].float()
     case = f"flash_backward of q {list(q.shape)} bfloat16 ({q.numel()} elements = 2^31 + {q.numel() - 2**31}), causal"
     harness.poison_allocator(q.numel(), BF16)
-    grads = _huge_call(lambda: LAB.module.flash_backward(grad_o, q, k, v, o, lse, causal=True, path=BACKWARD_PATH),
-                       case)
+    grads = run_past_2_31(lambda: LAB.module.flash_backward(grad_o, q, k, v, o, lse, causal=True, path=BACKWARD_PATH),
+                          case, hint=INT64_HINT)
     for b in (0, batch - 1):
         part = slice(b, b + 1)
         check_backward([g[part] for g in grads], grad_o[part], q[part], k[part], v[part], o[part], causal=True,

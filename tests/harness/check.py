@@ -361,6 +361,17 @@ def run_student(what: str, fn, *, hint: str):
         raise GradeFailure(f"{what} raised {type(error).__name__}: {first_line(error)}\n  hint: {hint}") from None
 
 
+def run_past_2_31(fn, case: str, *, hint: str):
+    """Call a kernel on inputs past 2^31 elements and wait for it: a RuntimeError on the way (an index that wrapped
+    and faulted, a launch the wrapper refused) becomes a failure naming the case, with `hint`."""
+    try:
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+    except RuntimeError as error:
+        raise GradeFailure(f"{case}: {first_line(error)}\n  hint: {hint}") from None
+
+
 PLACEMENT_HINT = "allocate outputs with at::empty(sizes, x.options())"
 
 
