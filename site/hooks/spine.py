@@ -228,7 +228,7 @@ def render_evidence(markdown: str) -> tuple[str, list[str]]:
 # ------------------------------------------------------------------ mkdocs
 def on_page_markdown(markdown: str, page, config, files) -> str:
     src = page.file.src_uri
-    problems = text_problems(src, Path(page.file.abs_src_path).read_text()) if page.file.abs_src_path else []
+    problems = text_problems(src, page.file.content_string)  # the page as written, before any hook's markers
     markdown, found = render_evidence(markdown)
     problems += found
     markdown, found = render_figures(markdown)

@@ -88,7 +88,7 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
         # Not counted against the deadline: the child's waits for the class's GPU lock, and its builds (a build
         # under contention is slow, not hung: with 14 runs at once, lab 08's build alone took 75 s). A build has
         # a limit of its own, build_deadline_s.
-        excluded, building_for = 0.0, 0.0
+        excluded, building_for, state = 0.0, 0.0, {}  # state: the timing file as last read
         overrun, slow_build, next_check = None, False, started + TEST_CHECK_EVERY_S
         while True:
             now = time.perf_counter()
@@ -105,7 +105,7 @@ def run_pytest(python: str, files: list[Path], *, impl: str, label: str, lab_num
                     os.killpg(process.pid, signal.SIGKILL)
                 break
             if not verbose and not quiet and now > next_progress:
-                print(f"[course] {label}: {progress_line(_read_timing(timing_path), now - started)}", flush=True)
+                print(f"[course] {label}: {progress_line(state, now - started)}", flush=True)
                 next_progress = now + PROGRESS_EVERY_S
             try:
                 line = lines.get(timeout=0.5)

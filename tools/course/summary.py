@@ -148,8 +148,9 @@ def print_table(summary: dict) -> None:
     """Per lab, per task: students passing / graded, its points, the most common failure; then each student."""
     for lab, entry in summary["labs"].items():
         print(f"\n{lab}: {_plural(entry['graded'], 'student')} graded")
-        if speed_spread(entry["speed"]):
-            print(f"  {speed_spread(entry['speed'])}")
+        spread = speed_spread(entry["speed"])
+        if spread:
+            print(f"  {spread}")
         print(f"  {'task':<10} {'passed':>7} {'points':>6}  most common failure [students]")
         for name, task in entry["tasks"].items():
             top = task["failures"][0] if task["failures"] else None
