@@ -11,6 +11,7 @@ that whoever splits a file also takes it off the list. Standard library only (th
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from pathlib import Path
@@ -25,13 +26,12 @@ NOT_A_FUNCTION = re.compile(r"^\s*(?:template\s*<[^>]*>\s*)?(?:namespace|struct|
 
 
 def sources() -> list[Path]:
+    """The Python and C++/CUDA files of the repository, not walking into build outputs, venvs or hidden folders
+    (a build folder of a class run holds tens of thousands of files)."""
     found = []
-    for path in ROOT.rglob("*"):
-        relative = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.startswith(".") for part in relative.parts[:-1]):
-            continue
-        if path.is_file() and path.suffix in PYTHON | CXX:
-            found.append(path)
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if d not in SKIP_DIRS and not d.startswith(".")]
+        found += [Path(folder) / name for name in files if Path(name).suffix in PYTHON | CXX]
     return sorted(found)
 
 
