@@ -372,6 +372,25 @@ def run_past_2_31(fn, case: str, *, hint: str):
         raise GradeFailure(f"{case}: {first_line(error)}\n  hint: {hint}") from None
 
 
+ONCE_DIFFERENTIABLE_HINT = (
+    "decorate backward with @once_differentiable (torch.autograd.function), which makes a second derivative raise "
+    "'trying to differentiate twice a function that was marked with @once_differentiable'")
+
+
+def second_derivative_refused(backward, what: str, *, hint: str = ONCE_DIFFERENTIABLE_HINT) -> bool:
+    """Run `backward` (a backward through a gradient made with create_graph=True): True when autograd refuses it with
+    its clear once_differentiable error, False when it runs; any other RuntimeError is a failure naming `what`."""
+    try:
+        backward()
+    except RuntimeError as error:
+        text = str(error)
+        if "twice" in text or "once_differentiable" in text:
+            return True
+        raise GradeFailure(f"a second derivative through {what} raised an unclear error:\n    {first_line(text)}\n"
+                           f"  hint: {hint}") from None
+    return False
+
+
 PLACEMENT_HINT = "allocate outputs with at::empty(sizes, x.options())"
 
 
