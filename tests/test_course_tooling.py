@@ -425,15 +425,15 @@ _RACE_LOG = ("========= Error: Race reported between Write access at void linear
              "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
 
 
-def _fake_sanitizer_runs(monkeypatch, tmp_path, racecheck_runs):
-    """sanitizer.sanitize over lab 05 with runner.run_pytest faked: each racecheck run takes the next (log text,
-    process error) of `racecheck_runs`, the other tools run clean; returns the racecheck command lines."""
+def _fake_sanitizer_runs(monkeypatch, tmp_path, racecheck_runs, tool="racecheck"):
+    """sanitizer.sanitize over lab 05 with runner.run_pytest faked: each run of `tool` takes the next (log text,
+    process error) of `racecheck_runs`, the other tools run clean; returns that tool's command lines."""
     import sanitizer
 
     calls, lock = [], threading.Lock()
 
     def run_pytest(python, files, *, label, wrapper, **_):
-        if "racecheck" in wrapper:
+        if tool in wrapper:
             with lock:
                 log, error = racecheck_runs[len(calls)]
                 calls.append(wrapper)
@@ -461,6 +461,29 @@ def test_sanitizer_runs_a_dead_tool_again_alone_over_every_kernel(monkeypatch, t
     assert len(calls) == 2 and "--kernel-name" in calls[0]
     assert "--kernel-name" not in calls[1], "the retry must instrument every kernel"
     assert sanitizer.is_clean(row) and "Internal Sanitizer Error" in row["retried_after"], row
+    assert not result.get("error") and not result.get("sanitizer_not_checked")
+
+
+_NO_START_LOG = """========= COMPUTE-SANITIZER
+ImportError while loading conftest '/work/main/tests/conftest.py'.
+E   ImportError: cannot import name 'build' from partially initialized module 'harness'
+========= Error: Target application terminated before first instrumented API call
+"""
+
+
+def test_sanitizer_whose_program_never_started_runs_again(monkeypatch, tmp_path):
+    """A memcheck whose test process died before its first CUDA call (seen in a class run on an H200: pytest's
+    conftest failed to import) found nothing about the student's code: it runs again alone, and a clean second run
+    passes the lab instead of zeroing it."""
+    import sanitizer
+
+    died = "the test process died (exit code 255) before finishing"
+    clean = "========= COMPUTE-SANITIZER\n1 passed\n========= ERROR SUMMARY: 0 errors\n"
+    calls = _fake_sanitizer_runs(monkeypatch, tmp_path, [(_NO_START_LOG, died), (clean, None)], tool="memcheck")
+    result = {}
+    sanitizer.run_into("python", result, trees.find_lab("05"), "solutions", quick=True, quiet=True)
+    row = next(r for r in result["sanitizer"] if r["tool"] == "memcheck")
+    assert len(calls) == 2 and sanitizer.is_clean(row) and "before first instrumented" in row["retried_after"], row
     assert not result.get("error") and not result.get("sanitizer_not_checked")
 
 

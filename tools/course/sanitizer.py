@@ -57,8 +57,12 @@ _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ 
 # 2025.3.1, driver 580.159.04): racecheck with --kernel-name died on the first case of labs 05 and 10 ("Internal
 # Sanitizer Error: The Sanitizer failed to handle a hardware exception", the test process aborted, and the summary
 # counted the tool's own error as "1 hazard"); the same cases ran clean under racecheck without the kernel filter.
+# In a class run on the same machine, a memcheck whose test process could not start (pytest's conftest failed to
+# import while the grader's own files were being replaced) ended "Target application terminated before first
+# instrumented API call": nothing of the student's code had run.
 _TOOL_FAILURE = re.compile(r"Internal Sanitizer Error|process didn't terminate successfully|"
                            r"Target application returned an error|Device not supported|"
+                           r"terminated before first instrumented API call|"
                            r"Sanitizer (?:failed|is unable|could not)|out of memory", re.IGNORECASE)
 
 
