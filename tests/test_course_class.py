@@ -296,6 +296,26 @@ def test_the_per_test_deadline_kills_a_hang_early_and_spares_builds(tmp_path):
     assert "a slow build" in result["error"], result["error"]
 
 
+def test_a_class_starts_its_longest_labs_first_and_reports_in_its_own_order(monkeypatch):
+    """runner.heaviest_first: with one worker the runs start later labs first (students in order within a lab);
+    the results come back in the order of the jobs given."""
+    started = []
+
+    def run_pytest(python, files, *, label, **_):
+        started.append(label)
+        return {"tests": [], "seconds": 1.0, "phases": {}}
+
+    monkeypatch.setattr(runner, "run_pytest", run_pytest)
+    labs = [trees.find_lab(number) for number in ("00", "08", "03")]
+    jobs = [runner.Job(student, lab.name, lab.number, lab.test_file, f"/tmp/{student}", 1)
+            for student in ("alice", "bob") for lab in labs]
+    results = runner.run_class("python", jobs, workers=1, deadline_s=60, alone=False, say=lambda line: None)
+    firsts = [label for label in started if not label.endswith("-perf")]
+    assert firsts == [f"{student}-{lab}" for lab in (labs[1].name, labs[2].name, labs[0].name)
+                      for student in ("alice", "bob")], firsts
+    assert list(results) == jobs
+
+
 def test_a_build_the_machine_failed_is_graded_again_alone_then_not_graded(monkeypatch):
     """A run whose build the machine failed (the child's timing file names the cause: out of memory, a compiler
     killed) is graded again, whole and alone, after every other run; a second such failure leaves the lab

@@ -11,6 +11,18 @@ One device call holds 10 minutes: a whole class (33 runs, each lab's cold build,
 not fit one, so grade it in shards (--shard 1/3 ... 3/3, one student each) or a few labs a call (--labs), and check
 the shard reports together (their students are disjoint). The sanitizer's quick pass runs (the default of grade on a
 GPU): its not-checked and retried rows are listed.
+
+A whole class in one go, across device calls (a machine stays warm between calls made within its idle window):
+
+    python3 tools/gpu/probe/class_acceptance.py start [STUDENTS] [--modes "14 default"] [--labs "00 01"]
+        copies the checkout to /tmp/class-acceptance/repo and grades the class there, unsharded, once per mode
+        (--jobs 14, then the default --jobs), detached from the call (setsid): it outlives the call that started it
+    python3 tools/gpu/probe/class_acceptance.py wait SECONDS
+        waits until that is done (at most SECONDS), prints the log and each mode's check, packs results and logs
+        into $OUT/class.tgz
+
+It grades a copy because the device tool copies the working tree again at every call: a grading run that read the
+tree during such a copy found tests/harness/build.py missing (a conftest ImportError under compute-sanitizer).
 """
 from __future__ import annotations
 
@@ -19,6 +31,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,6 +88,63 @@ def check(paths: list[str]) -> int:
     return 1 if bad else 0
 
 
+SNAPSHOT = Path(os.environ.get("CLASS_SNAPSHOT", "/tmp/class-acceptance"))
+
+
+def start(args: list[str]) -> None:
+    options = {"--modes": "14 default", "--labs": ""}
+    for flag in options:
+        if flag in args:
+            at = args.index(flag)
+            options[flag], args = args[at + 1], args[:at] + args[at + 2:]
+    modes, labs = options["--modes"], options["--labs"]
+    students = args[0] if args else "3"
+    repo = SNAPSHOT / "repo"
+    shutil.rmtree(SNAPSHOT, ignore_errors=True)
+    shutil.copytree(ROOT, repo, symlinks=True,
+                    ignore=shutil.ignore_patterns("build", ".git", ".whl", ".venv", "__pycache__"))
+    log = (SNAPSHOT / "log.txt").open("w")
+    probe = repo / Path(__file__).resolve().relative_to(ROOT)
+    subprocess.Popen([sys.executable, str(probe), "run-modes", students, modes, labs], cwd=repo, stdout=log,
+                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    print(f"grading {students} students x every lab in {repo}, modes {modes}; log {SNAPSHOT / 'log.txt'}")
+
+
+def run_modes(students: str, modes: list[str], labs: str) -> None:
+    make(int(students))
+    results = SNAPSHOT / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    os.environ["OUT"] = str(results)
+    os.environ.pop("MAX_JOBS", None)  # each build gets its share of the cores, as an instructor's run would
+    for mode in modes:
+        started = time.time()
+        print(f"=== mode {mode}: started", flush=True)
+        code = grade((["--labs", labs] if labs else []) + ([] if mode == "default" else ["--jobs", mode]))
+        print(f"=== mode {mode}: rc {code}, {time.time() - started:.0f} s wall", flush=True)
+        name = "class.json" if mode == "default" else f"class-jobs-{mode}.json"
+        with (SNAPSHOT / f"check-{mode}.txt").open("w") as out:
+            subprocess.run([sys.executable, __file__, "check", str(results / name)], stdout=out,
+                           stderr=subprocess.STDOUT)
+    (SNAPSHOT / "done").touch()
+
+
+def wait(seconds: float) -> int:
+    deadline = time.time() + seconds
+    while not (SNAPSHOT / "done").exists() and time.time() < deadline:
+        time.sleep(5)
+    print((SNAPSHOT / "log.txt").read_text()[-6000:] if (SNAPSHOT / "log.txt").exists() else "no log yet")
+    for check_file in sorted(SNAPSHOT.glob("check-*.txt")):
+        print(f"== {check_file.name}\n{check_file.read_text()}")
+    out = Path(os.environ.get("OUT", ROOT / "build"))
+    with tarfile.open(out / "class.tgz", "w:gz") as tar:
+        for part in ("results", "log.txt", "repo/build/logs"):
+            if (SNAPSHOT / part).exists():
+                tar.add(SNAPSHOT / part, arcname=Path(part).name)
+        for check_file in SNAPSHOT.glob("check-*.txt"):
+            tar.add(check_file, arcname=check_file.name)
+    return 0 if (SNAPSHOT / "done").exists() else 3
+
+
 if __name__ == "__main__":
     verb, rest = sys.argv[1], sys.argv[2:]
     if verb == "make":
@@ -82,5 +153,11 @@ if __name__ == "__main__":
         raise SystemExit(grade(rest))
     elif verb == "check":
         raise SystemExit(check(rest))
+    elif verb == "start":
+        start(rest)
+    elif verb == "run-modes":
+        run_modes(rest[0], rest[1].split(), rest[2])
+    elif verb == "wait":
+        raise SystemExit(wait(float(rest[0]) if rest else 560))
     else:
         raise SystemExit(__doc__)
