@@ -154,7 +154,7 @@ def test_every_run_reports_where_its_time_went(graded):
     # carol, who did not build, waited for no GPU: her second run follows at once, in the pool. How long the others'
     # perf runs wait for the lock depends on which correctness runs still hold it when each asks (a race between
     # the runs: alice's measured 0.2 s once and more than 1 s before); that the lock keeps a timing apart from
-    # every other run's tests is test_course_tooling.py's test_the_timing_lock_keeps_two_runs_tests_apart.
+    # every other run's tests is test_course_runner.py's test_the_timing_lock_keeps_two_runs_tests_apart.
     assert whole["carol"][0]["build_failed"] and not whole["alice"][0]["build_failed"]
     assert whole["carol"][0]["phases"]["perf_wait"] < 1.0
     for run in ("whole", 1, 2):

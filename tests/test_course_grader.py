@@ -1,5 +1,7 @@
 """The grader under stress: broken, crashing and hanging submissions, a whole class at
-once, and `./course doctor` facing each failure it knows how to explain."""
+once, Gradescope's results, the quick compute-sanitizer pass of `grade`, and a build the
+machine failed, compiled once more. (`./course doctor`: test_course_doctor.py; harness.perf's
+timings: test_course_perf.py.)"""
 from __future__ import annotations
 
 import csv
@@ -9,16 +11,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import HAS_GPU, NO_GPU_REASON, mutants, trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
-import doctor  # noqa: E402
-import env as course_env  # noqa: E402
 
 COURSE = str(trees.ROOT / "course")
 LAB = trees.find_lab("00")
@@ -182,91 +179,6 @@ def test_sanitize_finds_a_write_one_past_the_end(tmp_path):
     assert memcheck["errors"] > 0 and reported, (memcheck["findings"], memcheck["summaries"])
 
 
-# ---------------------------------------------------------------- doctor
-class FakeProbe(doctor.Probe):
-    """A machine where everything is fine, unless a test breaks one thing."""
-
-    def __init__(self, **broken):
-        self.broken = broken
-
-    def which(self, name):
-        return None if name in self.broken.get("missing", ()) else f"/usr/bin/{name}"
-
-    def run(self, command):
-        if command[-1] == "--version" and "nvcc" in command[0]:
-            return f"Cuda compilation tools, release {self.broken.get('nvcc', '13.0')}, V13.0.88"
-        return "c++ (Debian 12.2.0) 12.2.0"
-
-    def free_gb(self, path):
-        return self.broken.get("free_gb", 80.0)
-
-    def torch_facts(self, env):
-        if self.broken.get("no_torch"):
-            return {}
-        return {"torch": "2.11.0+cu130", "cuda": "13.0", "gpu": None if self.broken.get("no_gpu") else "NVIDIA H100",
-                "cc": None if self.broken.get("no_gpu") else "9.0", "arch_error": self.broken.get("arch_error"),
-                "cuda_home": None if self.broken.get("no_cuda_home") else
-                self.broken.get("cuda_home", "/usr/local/cuda")}
-
-    def build_locks(self, build):
-        return [build / "jit" / "labs" / "00-first-kernel" / "lock"] if self.broken.get("lock") else []
-
-    def module_declarations(self, tree):
-        name = self.broken.get("module_name", "TORCH_EXTENSION_NAME")
-        return [(tree / "00-first-kernel" / "wrapper.cpp", 35, name)]
-
-    def environ(self, name):
-        return self.broken.get("environ", {}).get(name)
-
-    def is_file(self, path):
-        return path == "/usr/local/cuda/bin/nvcc"
-
-    def memory(self):
-        return 16, self.broken.get("memory_gib", 120.0)
-
-
-def _doctor(**broken) -> dict:
-    checks = doctor.checks(trees.ROOT, trees, course_env, FakeProbe(**broken))
-    return {what: (ok, detail) for what, ok, detail in checks}
-
-
-def test_doctor_all_good():
-    assert all(ok for ok, _ in _doctor().values())
-
-
-@pytest.mark.parametrize("broken, check, fix", [
-    ({"missing": ("nvcc",)}, "nvcc", "install the CUDA toolkit"),
-    ({"nvcc": "12.4"}, "nvcc vs torch CUDA", "install CUDA 13.x"),
-    ({"missing": ("ninja",)}, "ninja", "pip install ninja"),
-    ({"missing": ("c++", "g++")}, "host compiler", "apt-get install g++"),
-    ({"no_gpu": True}, "GPU", "GPU tests are skipped"),
-    ({"free_gb": 1.0}, "disk", "rm -rf build/"),
-    ({"lock": True}, "build locks", "rm "),
-    ({"no_torch": True}, "torch", "./course test once"),
-    # The texts each FIX quotes were reproduced on a CPU machine with torch 2.11.0+cu130 (lessons/troubleshooting.md).
-    ({"no_cuda_home": True}, "CUDA_HOME", "CUDA_HOME environment variable is not set"),
-    ({"cuda_home": "/opt/cuda-gone"}, "CUDA_HOME", "/bin/sh: 1: /opt/cuda-gone/bin/nvcc: not found"),
-    ({"environ": {"TORCH_CUDA_ARCH_LIST": "sm_90a"},
-      "arch_error": "ValueError: Unknown CUDA arch (sm_90a) or GPU not supported"}, "TORCH_CUDA_ARCH_LIST",
-     "Unknown CUDA arch (sm_90a)"),
-    ({"environ": {"TORCH_CUDA_ARCH_LIST": "8.0"}}, "TORCH_CUDA_ARCH_LIST", "no kernel image is available"),
-    ({"environ": {"TORCH_CUDA_ARCH_LIST": "9.0"}}, "TORCH_CUDA_ARCH_LIST", "set it to 9.0a"),
-    ({"memory_gib": 4.0}, "compile memory", "export MAX_JOBS=2"),
-    ({"module_name": "lab00"}, "module names", "labs/00-first-kernel/wrapper.cpp:35 names the module lab00"),
-    ({"memory_gib": 4.0, "environ": {"MAX_JOBS": "8"}}, "compile memory", "(MAX_JOBS=8)"),
-])
-def test_doctor_explains_each_failure(broken, check, fix):
-    results = _doctor(**broken)
-    ok, detail = results[check]
-    assert not ok and fix in detail, f"{check}: {detail}"
-
-
-def test_doctor_accepts_a_good_arch_list_and_enough_memory():
-    results = _doctor(environ={"TORCH_CUDA_ARCH_LIST": "8.0;9.0a+PTX", "MAX_JOBS": "2"}, memory_gib=4.0)
-    assert results["TORCH_CUDA_ARCH_LIST"][0] and results["compile memory"][0]
-    assert "TORCH_CUDA_ARCH_LIST" not in _doctor()  # unset: the grader sets it, nothing to check
-
-
 # ---------------------------------------------------------------- the quick compute-sanitizer pass of `grade`
 def lab_mutant(lab, name: str) -> mutants.Mutant:
     """One of a lab grader's own MUTANTS, by name (the planted bug is defined once, there)."""
@@ -298,77 +210,7 @@ def test_grade_runs_the_quick_sanitizer_pass_and_fails_a_race(tmp_path):
     assert "Race reported" in race["error"] or "hazard" in race["error"].lower(), race["error"]
 
 
-def test_perf_cases_wait_for_the_copy_rate_before_timing():
-    """perf.settle, which each perf case runs before it times: measurements until one reaches SETTLE_FRACTION of the
-    copy ceiling, or until max_s; with the seconds waited and the last reading."""
-    from harness import perf
-
-    def clock_from(times):
-        ticks = iter(times)
-        return lambda: next(ticks)
-
-    readings = iter([2500.0, 2550.0, 2990.0])  # 0.83, 0.85, then 0.997 of a 3000 GB/s ceiling
-    waited, gbps = perf.settle(lambda: next(readings), 3000.0, clock=clock_from([0.0, 0.1, 0.2, 0.3]))
-    assert (waited, gbps) == (0.3, 2990.0)
-    calls = []
-    waited, gbps = perf.settle(lambda: calls.append(1) or 2000.0, 3000.0, clock=clock_from([0.0, 0.4, 0.8, 1.2]),
-                               max_s=1.0)
-    assert (waited, gbps, len(calls)) == (1.2, 2000.0, 3)  # gave up after max_s, timed anyway
-    waited, gbps = perf.settle(lambda: 2900.0, 3000.0, clock=clock_from([5.0, 5.002]))
-    assert gbps == 2900.0 and abs(waited - 0.002) < 1e-9  # the usual case: one measurement
-    assert 0.85 < perf.SETTLE_FRACTION < 0.99
-
-
-# ---------------------------------------------------------------- timings that cannot be gamed (harness.perf)
-def test_rotated_inputs_get_new_values_in_place_with_the_same_values():
-    """perf.rotate_inputs, run before every timed call: each tensor keeps its storage (what a cache keyed on the
-    pointer sees) and its set of values, at other places; an expanded view (shared elements) is left alone."""
-    import torch
-
-    from harness import perf
-
-    x, w = torch.randn(1000), torch.randn(7, 13).t()  # a contiguous tensor and a strided one
-    bias = torch.randn(1).expand(50)
-    before = [t.clone() for t in (x, w, bias)]
-    pointers = [t.data_ptr() for t in (x, w, bias)]
-    rotate = perf.rotate_inputs((x, w, bias, 3.0), seed=1)
-    for _ in range(3):
-        rotate()
-        assert not torch.equal(x, before[0]) and not torch.equal(w, before[1]), "a rotation left an input as it was"
-        assert torch.equal(x.sort().values, before[0].sort().values), "a rotation changed the set of values"
-        assert torch.equal(w.flatten().sort().values, before[1].flatten().sort().values)
-    assert [t.data_ptr() for t in (x, w, bias)] == pointers and torch.equal(bias, before[2])
-    assert perf.rotate_inputs((bias, torch.ones(1)), seed=1) is None
-
-
-def test_a_time_under_the_physical_floor_or_with_work_left_behind_fails(monkeypatch):
-    """perf.check_integrity: a time under the floor (the bytes at FLOOR_MARGIN x the copy ceiling, the FLOPs at
-    FLOOR_MARGIN x the matmul ceiling) is refused as impossibly fast; so is a device still busy after the current
-    stream finished (work left on another stream); an honest time passes."""
-    from harness import perf
-
-    monkeypatch.setitem(perf._ceilings, "copy", 4000.0)  # GB/s
-    monkeypatch.setitem(perf._ceilings, "matmul", 800.0)  # TFLOP/s
-    floor = perf.physical_floor_ms(bytes_moved=2 * 2**30, flops=0)
-    assert abs(floor - 2 * 2**30 / (perf.FLOOR_MARGIN * 4000e9) * 1e3) < 1e-9
-    assert perf.physical_floor_ms(0, 2 * 4096**3) == pytest.approx(2 * 4096**3 / (perf.FLOOR_MARGIN * 800e12) * 1e3)
-    assert perf.physical_floor_ms(0, 0) == 0.0
-
-    def case(ours_ms):
-        return perf.PerfCase("00-first-kernel", "scale", "torch.mul", ours_ms, 0.5, 0.5, 0.8, bytes=2 * 2**30)
-
-    leftover = {"ms": 0.01}
-    monkeypatch.setattr(perf, "work_left_behind_ms", lambda fn: leftover["ms"])
-    perf.check_integrity(case(0.6), lambda: None, floor)  # honest: over the floor, nothing left behind
-    with pytest.raises(perf.GradeFailure, match="impossibly fast"):
-        perf.check_integrity(case(0.004), lambda: None, floor)
-    leftover["ms"] = 0.5
-    with pytest.raises(perf.GradeFailure, match="still busy"):
-        perf.check_integrity(case(0.6), lambda: None, floor)
-
-
-
-
+# ---------------------------------------------------------------- a build the machine failed (harness.build)
 def test_a_build_the_machine_failed_is_compiled_once_more_then_called_the_graders(monkeypatch):
     """harness.build: a build that failed for the machine's reason (a compiler killed, out of memory) is compiled
     once more with MAX_JOBS=1; a second such failure raises BuildInfrastructureError (not the student's), a compile

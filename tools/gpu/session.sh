@@ -26,7 +26,10 @@ case $phase in
     for lab in $labs; do ./course bench "$lab" --json 2>&1 | tee -a "$OUT/bench.txt" | grep -vE 'building and testing'; done
     cp site/data/bench/*.json "$OUT/" ;;
   tooling)
-    python3 -m pytest tests/test_course_mutants.py tests/test_course_tooling.py tests/test_course_grader.py \
+    python3 -m pytest tests/test_course_mutants.py tests/test_course_labgen.py tests/test_course_checks.py \
+      tests/test_course_cli.py tests/test_course_skeletons.py tests/test_course_sanitizer.py \
+      tests/test_course_runner.py tests/test_course_models.py tests/test_course_lint.py tests/test_course_grader.py \
+      tests/test_course_perf.py tests/test_course_doctor.py \
       -q -p no:cacheprovider -rfE -k "${3:-not site}" 2>&1 | tee "$OUT/tooling.txt" | tail -40 ;;
   sanitize)
     for lab in $labs; do ./course sanitize "$lab" --impl solutions --json "$OUT/sanitize-$lab.json" 2>&1 | tee -a "$OUT/sanitize.txt"; done ;;
