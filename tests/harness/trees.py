@@ -35,6 +35,9 @@ DEFAULT_IMPL = "solutions"
 # The random seed of the inputs: `./course` draws one (or takes --seed) and passes it to the
 # grading process in this variable; printed with every result so a run can be reproduced.
 SEED_ENV = "COURSE_SEED"
+# A tree whose build of a lab the graded tree may use when every file the compiler reads is the same in both (a
+# known-wrong variant that edits only a Python file: harness.mutants sets it to solutions/; harness/build.py).
+BUILD_FROM_ENV = "COURSE_BUILD_FROM"
 SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selected tests (tests/conftest.py)
 # A file `./course grade` holds while the lab's notebook runs beside the graded run: that run takes its timed
 # (perf, large) cases last and starts them once the file is gone (tests/conftest.py), so no timing shares the GPU.
