@@ -7,8 +7,9 @@ a probe wrote (a list of "rows", each a dict), plus a "plot" entry saying how to
     "plot": {"x": "seqlen", "y": "tflops", "series": "rung", "panels": ["head_dim", "causal"],
              "x_label": "sequence length", "y_label": "TFLOP/s", "log2_x": true, "title": "..."}
 
-one panel per distinct value of the "panels" keys, one line per "series" value. A marker without data fails the
-strict build (a warning), as bench.py's does.
+one panel per distinct value of the "panels" keys, one line per "series" value. "x_format": "bytes" labels a log2 x
+axis of sizes at powers of 2 (1 MiB, 16 MiB, ...) instead of at every x (a shape sweep has dozens). A marker without
+data fails the strict build (a warning), as bench.py's does.
 """
 from __future__ import annotations
 
@@ -37,6 +38,26 @@ def _ceil_div(a: int, b: int) -> int:
 PANEL_W, PANEL_H, MARGIN_L, MARGIN_B, GAP = 340, 230, 52, 36, 28
 # Colour-blind-safe (Okabe-Ito), one per series in the order the series first appear in the rows.
 COLOURS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
+
+
+def _bytes_label(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n:g} B"
+
+
+def _x_ticks(spec: dict, xs: list) -> list[tuple[float, str]]:
+    """A tick at every x, labelled with %g; with "x_format": "bytes" (a sweep's sizes, many and uneven), ticks at
+    powers of 2 inside the data's range instead, at most MAX_BYTE_TICKS of them, labelled in KiB / MiB / GiB."""
+    if spec.get("x_format") != "bytes":
+        return [(x, f"{x:g}") for x in xs]
+    low, high = int(-(-_log2(xs[0]) // 1)), int(_log2(xs[-1]) // 1)
+    step = max(1, _ceil_div(high - low + 1, MAX_BYTE_TICKS))
+    return [(2**k, _bytes_label(2**k)) for k in range(low, high + 1, step)]
+
+
+MAX_BYTE_TICKS = 6
 
 
 def load(name: str) -> dict | None:
@@ -90,8 +111,8 @@ def svg_plot(data: dict) -> str:
             parts.append(f'<line class="grid" x1="0" x2="{PANEL_W}" y1="{fy(y):.1f}" y2="{fy(y):.1f}"/>'
                          f'<text class="label" x="-6" y="{fy(y) + 4:.1f}" text-anchor="end">{y:g}</text>')
             y += tick
-        for x in xs:
-            parts.append(f'<text class="label" x="{fx(x):.1f}" y="{PANEL_H + 14}" text-anchor="middle">{x:g}</text>')
+        for x, label in _x_ticks(spec, xs):
+            parts.append(f'<text class="label" x="{fx(x):.1f}" y="{PANEL_H + 14}" text-anchor="middle">{label}</text>')
         parts.append(f'<line class="axis" x1="0" y1="{PANEL_H}" x2="{PANEL_W}" y2="{PANEL_H}"/>'
                      f'<line class="axis" x1="0" y1="0" x2="0" y2="{PANEL_H}"/>')
         parts.append(f'<text class="label" x="{PANEL_W / 2}" y="{PANEL_H + 30}" text-anchor="middle">'

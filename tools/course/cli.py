@@ -26,6 +26,7 @@ import labgen  # noqa: E402
 import report  # noqa: E402
 import runner  # noqa: E402
 import sanitizer  # noqa: E402
+import sweep_cmd  # noqa: E402
 
 trees = env.load_trees()
 ROOT = trees.ROOT
@@ -394,10 +395,17 @@ def cmd_build(args) -> int:
 
 def cmd_bench(args) -> int:
     """--json FILE writes there, plain --json the site's data file, --json - stdout (everything
-    else then goes to stderr, so the JSON can be piped)."""
+    else then goes to stderr, so the JSON can be piped). --sweep: the shape sweep instead (sweep_cmd.py)."""
+    if args.ops and not args.sweep:
+        print("./course bench: --ops names ops of a shape sweep: add --sweep")
+        return 2
     to_stdout = args.json == "-"
     with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
-        code, data = _bench(args)
+        if args.sweep:
+            code, data = sweep_cmd.bench_sweep(args, trees=trees, env=env, runner=runner, report=report,
+                                               impl=_impl(args.impl))
+        else:
+            code, data = _bench(args)
     if to_stdout and data is not None:
         print(json.dumps(data, indent=1))
     return code
@@ -605,6 +613,22 @@ def run_flags(p, impl_default: str | None = None, impl_help: str = "") -> None:
                         "drawn for the whole command)")
 
 
+def bench_flags(p, impl_help: str) -> None:
+    p.add_argument("lab")
+    p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
+    p.add_argument("--json", nargs="?", const=True, metavar="FILE",
+                   help="write the results as JSON: to FILE, to stdout with -, or with no FILE to the site's data, "
+                   "site/data/bench/NN-slug.json (with --sweep: site/data/plots/NN-slug-sweep.json)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S,
+                   help="seconds before the run is killed (with --sweep: it starts no shape after 0.8 of them)")
+    p.add_argument("--sweep", action="store_true",
+                   help="instead of the perf cases: each perf-graded op over model shapes (rows a multiple of no "
+                   "tile, hidden 2048-14336 and odd, vocabulary rows), ours beside eager PyTorch, torch.compile and "
+                   "the peer libraries installed (liger-kernel, quack-kernels); labs with a tests/graderNN/sweep.py")
+    p.add_argument("--ops", metavar="OP[,OP]", help="with --sweep: only these ops (e.g. rms_norm_fwd)")
+
+
 def leaderboard_flag(p) -> None:
     p.add_argument("--leaderboard", nargs="+", metavar="NN", type=lambda text: text.zfill(2)[:2],
                    help="with --format gradescope: add Gradescope leaderboard entries for these labs, each lab's "
@@ -733,14 +757,7 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show the compiler commands and ptxas's register/smem report")
     p.add_argument("--clean", action="store_true", help="delete the build dir first (a cold build)")
-    p = add("bench", "time a lab's kernels against PyTorch on this GPU; print a table", cmd_bench)
-    p.add_argument("lab")
-    p.add_argument("--impl", default=trees.DEFAULT_IMPL, help=impl_help)
-    p.add_argument("--json", nargs="?", const=True, metavar="FILE",
-                   help="write the results as JSON: to FILE, to stdout with -, or with no FILE to the site's data, "
-                   "site/data/bench/NN-slug.json")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--deadline", type=int, default=DEFAULT_DEADLINE_S)
+    bench_flags(add("bench", "time a lab's kernels against PyTorch on this GPU; print a table", cmd_bench), impl_help)
     p = add("labs", "regenerate labs/ from solutions/ (files a student edited are kept unless --force)", cmd_labs)
     p.add_argument("--check", action="store_true", help="fail if labs/ is stale; write nothing")
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")
