@@ -61,7 +61,7 @@ def constants() -> dict:
 
 def block_tile() -> tuple[int, int]:
     """The mma.sync kernel's block tile on this GPU: failures name the tile of the first wrong element."""
-    config = LAB.module.tile_config(torch.cuda.get_device_capability()[0])
+    config = LAB.module.tile_config(harness.jit.capability()[0])
     return config["block_m"], config["block_n"]
 
 
@@ -122,7 +122,7 @@ def linear_act(op: str, x, weight, bias, activation: str, *, case: str) -> torch
 
 
 def skip_without_bf16(dtype):
-    if dtype == BF16 and torch.cuda.get_device_capability()[0] < 8:
+    if dtype == BF16 and harness.jit.capability()[0] < 8:
         pytest.skip("bfloat16 tensor cores need compute capability 8.0+; this GPU runs the float16 path only")
 
 
@@ -275,7 +275,7 @@ def test_residency_is_what_the_lesson_says():
     """The page's section 5: __launch_bounds__(128, 1) is a minimum, not a limit; the runtime's blocks per
     SM follow from the registers (two 128-thread blocks fit at up to 255 a thread) and each stage count's
     shared memory. On an H100/H200 (228 KB an SM): 2 blocks at 4 and 6 stages, 1 at 8."""
-    major = torch.cuda.get_device_capability()[0]
+    major = harness.jit.capability()[0]
     rows = {stages: dict(LAB.module.residency(stages)) for stages in (4, 6, 8)}
     for stages, r in rows.items():
         assert r["stages"] == stages and r["threads"] == LAB.module.tile_config(major)["threads"], r
@@ -285,7 +285,7 @@ def test_residency_is_what_the_lesson_says():
     if major >= 8:
         assert rows[4]["dynamic_shared_bytes"] == LAB.module.tile_config(major)["shared_bytes"], rows[4]
         assert rows[4]["blocks_per_sm"] >= 1, rows[4]
-    if torch.cuda.get_device_capability() == (9, 0):
+    if harness.jit.capability() == (9, 0):
         got = [rows[stages]["blocks_per_sm"] for stages in (4, 6, 8)]
         assert got == [2, 2, 1], f"blocks per SM at 4, 6, 8 stages on sm_90: {got}, the lesson says [2, 2, 1]: {rows}"
     with pytest.raises(RuntimeError, match="stages must be 4, 6 or 8"):
@@ -462,7 +462,7 @@ def test_dtype_errors_suggest_a_call_that_runs():
 @requires_gpu
 @harness.reference_check
 def test_bf16_refused_before_sm80():
-    if torch.cuda.get_device_capability()[0] >= 8:
+    if harness.jit.capability()[0] >= 8:
         pytest.skip("this GPU has bfloat16 tensor cores; the refusal only applies before sm_80")
     x, weight, bias = make_inputs(16, 16, 16, BF16)
     LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, weight, bias), must_mention=("bfloat16", "float16"),
@@ -559,7 +559,7 @@ PERF_M = PERF_N = PERF_K = 4096
 # H100 0.465x, and 0.489x once its epilogue was staged: tools/gpu/lab05-epilogue-variants.txt). Against
 # gelu(addmm), which costs ~10% more than the GEMM alone at 4096^3, 1.1x the GEMM bar (staged: 0.551x, H100).
 def mma_sync_target() -> float:
-    return 0.45 if torch.cuda.get_device_capability()[0] == 9 else 0.5
+    return 0.45 if harness.jit.capability()[0] == 9 else 0.5
 
 
 def mma_sync_student_bar(baseline: str) -> float:
@@ -570,7 +570,7 @@ def mma_sync_student_bar(baseline: str) -> float:
     (H100, tools/gpu/variants.py with lab05-epilogue-variants.txt), 5% more, and the two mutants, which keep
     it, may gain as much: not re-measured. Off Hopper nothing was measured: there the bars stay where a kernel
     without pipelining was seen to pass."""
-    if torch.cuda.get_device_capability()[0] == 9:
+    if harness.jit.capability()[0] == 9:
         return {"cublas": 0.42, "gelu(addmm)": 0.47}[baseline]
     return {"cublas": 0.3, "gelu(addmm)": 0.33}[baseline]
 
@@ -673,7 +673,7 @@ FUSION_TARGET_BY_GPU = {"H200": 0.95}
 @pytest.mark.perf
 @harness.tasks(*ALL_TASKS)
 def test_perf_fusion_memory_bound():
-    dtype = BF16 if torch.cuda.get_device_capability()[0] >= 8 else FP16
+    dtype = BF16 if harness.jit.capability()[0] >= 8 else FP16
     target = harness.perf.target_on_this_gpu(FUSION_BARS["target"], FUSION_TARGET_BY_GPU)
     _perf("linear_act", "gelu(addmm)", shape=FUSION_SHAPE, dtype=dtype, student_bar=FUSION_BARS["student_bar"],
           target=target)

@@ -97,3 +97,19 @@ def test_doctor_accepts_a_good_arch_list_and_enough_memory():
     results = _doctor(environ={"TORCH_CUDA_ARCH_LIST": "8.0;9.0a+PTX", "MAX_JOBS": "2"}, memory_gib=4.0)
     assert results["TORCH_CUDA_ARCH_LIST"][0] and results["compile memory"][0]
     assert "TORCH_CUDA_ARCH_LIST" not in _doctor()  # unset: the grader sets it, nothing to check
+
+
+@pytest.mark.parametrize("capability, column, lab08", [
+    ("7.5", "T4", "rungs 1-2"), ("8.6", "sm_80-89", "all rungs and the backward"),
+    ("9.0", "sm_90", "the Hopper section"), ("10.0", "sm_90", "the Hopper section")])
+def test_doctor_says_what_the_gpu_runs_from_the_home_pages_table(capability, column, lab08):
+    """doctor.what_runs reads site/data/support.json, the data of the home page's table: a row a lab group, the
+    column of the GPU's compute capability (a newer GPU than the table's takes its newest column)."""
+    lines = doctor.what_runs(trees.ROOT, capability)
+    assert column in lines[0] and len(lines) == 7, lines
+    assert lab08 in next(line for line in lines if "08 flash attention" in line)
+
+
+def test_doctor_says_a_gpu_older_than_the_course_runs_nothing():
+    assert "needs 7.5 or newer" in doctor.what_runs(trees.ROOT, "6.1")[0]
+    assert doctor.what_runs(trees.ROOT, None) == []

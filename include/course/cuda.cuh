@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "target.h"
+
 namespace course {
 
 // The warp: the 32 threads that issue each instruction together, on every GPU from sm_75 to
@@ -78,7 +80,27 @@ class PerDeviceCache {
   std::atomic<bool> known_[kMaxDevices];
 };
 
-// An attribute of the current device (multiprocessor count, threads per SM, ...).
+// The value of `attribute` on the GPU being simulated (target.h), given the real GPU's: the simulated compute
+// capability, the lower of each limit, no thread block clusters below 9.0.
+inline int simulated_attribute(cudaDeviceAttr attribute, int real) {
+  const TargetLimits& target = target_limits();
+  if (!target.active) return real;
+  switch (attribute) {
+    case cudaDevAttrComputeCapabilityMajor: return target.major;
+    case cudaDevAttrComputeCapabilityMinor: return target.minor;
+    case cudaDevAttrMultiProcessorCount: return capped(real, target.sms);
+    case cudaDevAttrMaxThreadsPerMultiProcessor: return capped(real, target.threads_per_sm);
+    case cudaDevAttrMaxBlocksPerMultiprocessor: return capped(real, target.blocks_per_sm);
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: return capped(real, target.shared_per_block_optin);
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: return capped(real, target.shared_per_sm);
+    case cudaDevAttrL2CacheSize: return capped(real, target.l2_bytes);
+    case cudaDevAttrClusterLaunch: return target.major >= 9 ? real : 0;
+    default: return real;
+  }
+}
+
+// An attribute of the current device (multiprocessor count, threads per SM, ...): of the GPU simulated, when one
+// is (target.h).
 inline int device_attribute(cudaDeviceAttr attribute) {
   constexpr int kCachedAttributes = 256;  // above every cudaDeviceAttr value in use
   static PerDeviceCache cache[kCachedAttributes];
@@ -86,7 +108,7 @@ inline int device_attribute(cudaDeviceAttr attribute) {
     int value = 0;
     check_cuda(cudaDeviceGetAttribute(&value, attribute, current_device()), "cudaDeviceGetAttribute", __FILE__,
                __LINE__);
-    return value;
+    return simulated_attribute(attribute, value);
   };
   const int index = static_cast<int>(attribute);
   return index >= 0 && index < kCachedAttributes ? cache[index].get(query) : query();
@@ -161,12 +183,11 @@ inline void opt_in_dynamic_shared_bytes(const void* kernel, size_t bytes, const 
   for (const Done& d : done) {
     if (d.kernel == kernel && d.device == device && d.bytes >= bytes) return;
   }
-  int limit = 0;
-  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)", __FILE__, __LINE__);
+  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);  // the simulated GPU's, if one is
   if (bytes > static_cast<size_t>(limit)) {
     throw std::runtime_error(std::string(what) + ": a block needs " + std::to_string(bytes) +
-                             " bytes of shared memory; this GPU allows " + std::to_string(limit));
+                             " bytes of shared memory; this GPU allows " + std::to_string(limit) +
+                             (target_limits().active ? " (the GPU simulated, COURSE_TARGET_ARCH)" : ""));
   }
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
              "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)", __FILE__, __LINE__);

@@ -39,6 +39,10 @@ TASK_ID = re.compile(r"TODO\((lab\d\d\.\d+)\)")
 OBJECTIVES = re.compile(r'^!!! abstract( "[^"\n]*")?[ \t]*\n', re.MULTILINE)
 EXERCISES = re.compile(r"^##\s+(?:\d+\.\s*)?Exercises\b", re.MULTILINE)
 SYLLABUS_MARKER = re.compile(r"^<!--\s*syllabus\s*-->[ \t]*$", re.MULTILINE)
+# `<!-- support -->` (indented as the table must be): what each lab runs per GPU generation, from
+# site/data/support.json, which ./course doctor reads too.
+SUPPORT_MARKER = re.compile(r"^([ \t]*)<!--\s*support\s*-->[ \t]*$", re.MULTILINE)
+SUPPORT = trees.SITE_SOURCES / "data" / "support.json"
 STATUS_LABEL = {"ready": "ready", "below-target": "ready, below its speed target", "in-progress": "being written",
                 "planned": "planned"}
 
@@ -154,8 +158,19 @@ def _end_of_admonition(markdown: str, start: int) -> int:
     return position
 
 
+def support_table(indent: str) -> str:
+    """The support table of site/data/support.json, each line indented by `indent`."""
+    data = json.loads(SUPPORT.read_text())
+    lines = ["| lab | " + " | ".join(column["title"] for column in data["columns"]) + " |",
+             "|---|" + "---|" * len(data["columns"])]
+    lines += ["| " + " | ".join([row["title"], *row["cells"]]) + " |" for row in data["rows"]]
+    return "\n".join(indent + line for line in lines)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     src = page.file.src_uri
+    if src == "index.md":
+        markdown = SUPPORT_MARKER.sub(lambda match: support_table(match.group(1)), markdown, count=1)
     if src == "index.md" and SYLLABUS_MARKER.search(markdown):
         table = syllabus_table(config)
         return SYLLABUS_MARKER.sub(lambda _: table, markdown, count=1)

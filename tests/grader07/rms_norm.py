@@ -129,15 +129,15 @@ def test_rms_norm_backward_staged(shape, dtype):
     rstd = reference_rstd(x, EPS)
     n, element_bytes = shape[-1], torch.empty((), dtype=dtype).element_size()
     blocks = int(LAB.module.staged_backward_blocks(element_bytes, rows_of(shape), n))
-    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    (major, minor), shared_optin = harness.jit.capability(), harness.jit.shared_bytes_per_block_optin()
     # The ring, and 1 KiB for the kernel's static shared memory (its warps' dots: 256 bytes, ptxas 13.0).
     room = constants()["staged_shared_bytes"] + 1024
     if (shape, dtype) in NOT_STAGED_CASES:
         assert blocks == 0, f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is {blocks}, not 0"
-    elif (properties.major, properties.minor) >= (8, 0) and properties.shared_memory_per_block_optin >= room:
+    elif (major, minor) >= (8, 0) and shared_optin >= room:
         assert blocks > 0, (f"staged_backward_blocks({element_bytes}, {rows_of(shape)}, {n}) is 0 on a GPU of compute "
-                            f"capability {properties.major}.{properties.minor} with "
-                            f"{properties.shared_memory_per_block_optin} bytes of shared memory a block: the staged "
+                            f"capability {major}.{minor} with "
+                            f"{shared_optin} bytes of shared memory a block: the staged "
                             "kernel should run here")
     kernel = f"the staged kernel, {blocks} blocks" if blocks else "the register kernel (this GPU runs no staged one)"
     case = case_of("rms_norm_backward", x, "auto", extra=f"; {kernel}")

@@ -117,7 +117,7 @@ def autograd_module():
 
 
 def skip_before_sm80(rung: str) -> None:
-    if torch.cuda.get_device_capability()[0] < 8:
+    if harness.jit.capability()[0] < 8:
         pytest.skip(f"{rung} needs compute capability 8.0+ (mma.m16n8k16 in bfloat16, cp.async); this GPU runs the "
                     "naive and float32 rungs only")
 

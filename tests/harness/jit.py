@@ -26,11 +26,93 @@ PTXAS_REPORT = ["-Xptxas=-v"]
 SOURCE_SUFFIXES = (".cu", ".cpp")
 
 
+# ---------------------------------------------------------------- simulating an older GPU
+# COURSE_TARGET_ARCH=7.5 (8.0, 8.6, 8.9) runs the course as it would run on that GPU, on a newer one: the build is
+# PTX for that compute capability alone (the driver JIT-compiles it for the GPU present, so the device code is the
+# code that GPU would run: no cp.async below 8.0, no wgmma below 9.0), and the limits below stand in for the real
+# GPU's in the kernels' host code (include/course/target.h reads them from COURSE_TARGET_LIMITS, which this module
+# sets): the compute capability the launchers dispatch on, the shared memory a block may opt in to (a kernel that
+# asks for more fails as it would there), SMs, threads and blocks per SM, L2. Speed is not measured in this mode.
+# Each row is one real GPU of that capability, from NVIDIA's data sheets and the CUDA programming guide's tables.
+TARGET_ARCH_ENV, TARGET_LIMITS_ENV = "COURSE_TARGET_ARCH", "COURSE_TARGET_LIMITS"  # trees.TARGET_ARCH_ENV too
+KiB, MiB = 1024, 1024 * 1024
+TARGET_GPUS = {
+    "7.5": {"name": "Tesla T4", "sms": 40, "threads_per_sm": 1024, "blocks_per_sm": 16,
+            "shared_per_block_optin": 64 * KiB, "shared_per_sm": 64 * KiB, "l2_bytes": 4 * MiB},
+    "8.0": {"name": "A100", "sms": 108, "threads_per_sm": 2048, "blocks_per_sm": 32,
+            "shared_per_block_optin": 163 * KiB, "shared_per_sm": 164 * KiB, "l2_bytes": 40 * MiB},
+    "8.6": {"name": "GeForce RTX 3090", "sms": 82, "threads_per_sm": 1536, "blocks_per_sm": 16,
+            "shared_per_block_optin": 99 * KiB, "shared_per_sm": 100 * KiB, "l2_bytes": 6 * MiB},
+    "8.9": {"name": "GeForce RTX 4090", "sms": 128, "threads_per_sm": 1536, "blocks_per_sm": 24,
+            "shared_per_block_optin": 99 * KiB, "shared_per_sm": 100 * KiB, "l2_bytes": 72 * MiB},
+}
+
+
+def simulated_arch() -> str | None:
+    """The compute capability COURSE_TARGET_ARCH names ("7.5"), or None; an unknown one is an error that lists
+    the known ones."""
+    arch = os.environ.get(TARGET_ARCH_ENV, "").strip()
+    if not arch:
+        return None
+    if arch not in TARGET_GPUS:
+        raise ValueError(f"{TARGET_ARCH_ENV}={arch!r}: the course simulates compute capability "
+                         f"{', '.join(TARGET_GPUS)} ({', '.join(g['name'] for g in TARGET_GPUS.values())}); "
+                         "unset it to run as the GPU present")
+    return arch
+
+
+def target_limits_text(arch: str) -> str:
+    """COURSE_TARGET_LIMITS for `arch`: "major=7;minor=5;sms=40;...", what include/course/target.h parses."""
+    major, minor = arch.split(".")
+    numbers = {key: value for key, value in TARGET_GPUS[arch].items() if isinstance(value, int)}
+    return ";".join(f"{key}={value}" for key, value in {"major": major, "minor": minor, **numbers}.items())
+
+
+def publish_target_limits() -> str | None:
+    """Set COURSE_TARGET_LIMITS from COURSE_TARGET_ARCH (before any lab's library asks for an attribute: it reads
+    the variable once), or clear it; return the simulated arch."""
+    arch = simulated_arch()
+    if arch:
+        os.environ[TARGET_LIMITS_ENV] = target_limits_text(arch)
+    else:
+        os.environ.pop(TARGET_LIMITS_ENV, None)
+    return arch
+
+
+def capability() -> tuple[int, int]:
+    """The compute capability the course runs as: the simulated one (COURSE_TARGET_ARCH), else the GPU's. What every
+    grader and notebook asks instead of torch.cuda.get_device_capability, so all of them agree with the kernels'
+    host code (course::device_attribute)."""
+    arch = simulated_arch()
+    if arch:
+        major, minor = arch.split(".")
+        return int(major), int(minor)
+    import torch
+
+    return torch.cuda.get_device_capability()
+
+
+def shared_bytes_per_block_optin() -> int:
+    """The dynamic shared memory a block may opt in to on the GPU the course runs as (simulated or real)."""
+    import torch
+
+    real = torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_block_optin
+    arch = simulated_arch()
+    return min(real, TARGET_GPUS[arch]["shared_per_block_optin"]) if arch else real
+
+
+publish_target_limits()
+
+
 def default_arch_list() -> str:
-    """The GPU present (so nvcc compiles one target, fast), else sm_90a as a compile check.
+    """The GPU present (so nvcc compiles one target, fast), else sm_90a as a compile check; when simulating an older
+    GPU, PTX for its compute capability alone ("7.5+PTX": no image the GPU present could run natively).
     Compute capability 9.0 builds for 9.0a, the target that has Hopper's wgmma (lab 05)."""
     import torch
 
+    arch = simulated_arch()
+    if arch:
+        return f"{arch}+PTX"
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return "9.0a" if (major, minor) == (9, 0) else f"{major}.{minor}"
@@ -38,7 +120,10 @@ def default_arch_list() -> str:
 
 
 def ensure_arch_list() -> str:
-    """Set TORCH_CUDA_ARCH_LIST to default_arch_list() unless it is set already; return it."""
+    """Set TORCH_CUDA_ARCH_LIST to default_arch_list() unless it is set already (a simulation sets it whatever it
+    was: its PTX-only build is what makes the device code the older GPU's); return it."""
+    if simulated_arch():
+        os.environ["TORCH_CUDA_ARCH_LIST"] = default_arch_list()
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_arch_list())
     return os.environ["TORCH_CUDA_ARCH_LIST"]
 
@@ -163,7 +248,9 @@ def notebook_build_dir(lab_dir: str | Path, root: str | Path) -> Path:
     """ROOT/build/notebook/<tree>/<lab>, e.g. build/notebook/labs/00-first-kernel (created), or the
     grader's own build folder when it runs the notebook."""
     lab_dir = Path(lab_dir)
-    path = Path(os.environ.get(BUILD_DIR_ENV) or Path(root) / "build" / "notebook" / lab_dir.parent.name / lab_dir.name)
+    arch = simulated_arch()
+    kind = f"notebook-sm{arch.replace('.', '')}" if arch else "notebook"  # a simulation's build beside the real one
+    path = Path(os.environ.get(BUILD_DIR_ENV) or Path(root) / "build" / kind / lab_dir.parent.name / lab_dir.name)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

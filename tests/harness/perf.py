@@ -323,6 +323,13 @@ def perf_case(
     """
     if os.environ.get(PROFILE_ENV):
         profile_case(name, ours, baseline, baseline_name, sides=os.environ[PROFILE_ENV].split(","))
+    simulated = jit.simulated_arch()
+    if simulated:  # the older GPU's code on this one: its output is checked, its speed says nothing
+        ours()
+        torch.cuda.synchronize()
+        verify()
+        pytest.skip(f"{name}: output checked, speed not graded: compute capability {simulated} simulated "
+                    f"(COURSE_TARGET_ARCH) on a {torch.cuda.get_device_name()}")
     if graphs:
         replays = [as_graph(ours), as_graph(baseline)]
         uncaptured = [side for side, replay in zip(("ours", "the baseline"), replays) if replay is None]

@@ -38,6 +38,9 @@ SEED_ENV = "COURSE_SEED"
 # A tree whose build of a lab the graded tree may use when every file the compiler reads is the same in both (a
 # known-wrong variant that edits only a Python file: harness.mutants sets it to solutions/; harness/build.py).
 BUILD_FROM_ENV = "COURSE_BUILD_FROM"
+# The compute capability an older GPU is simulated as (harness/jit.py: simulated_arch); its builds go to folders of
+# their own (Lab.build_dir), so switching the simulation on and off rebuilds nothing.
+TARGET_ARCH_ENV = "COURSE_TARGET_ARCH"
 SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selected tests (tests/conftest.py)
 # A file `./course grade` holds while the lab's notebook runs beside the graded run: that run takes its timed
 # (perf, large) cases last and starts them once the file is gone (tests/conftest.py), so no timing shares the GPU.
@@ -151,7 +154,8 @@ class Lab:
         runs of different trees (a class) never share one. Kinds: BUILD_KINDS."""
         if kind not in BUILD_KINDS:
             raise ValueError(f"build kind {kind!r}: expected one of {', '.join(BUILD_KINDS)}")
-        return BUILD / kind / tree.tag / self.name
+        arch = os.environ.get(TARGET_ARCH_ENV, "").strip()
+        return BUILD / (f"{kind}-sm{arch.replace('.', '')}" if arch else kind) / tree.tag / self.name
 
 
 def formatted_cxx_sources() -> list[Path]:

@@ -213,11 +213,42 @@ def cutlass_check(root: Path) -> tuple[str, bool, str]:
     return ("CUTLASS (lab 10)", not misconfigured, line + "; its kernel file's compile peaks at about 3.7 GB")
 
 
+def what_runs(root: Path, capability: str | None) -> list[str]:
+    """What each lab runs on a GPU of `capability` ("8.6"), from site/data/support.json (the home page's table):
+    one line a row of the table, or why nothing runs."""
+    import json
+
+    if not capability:
+        return []
+    data = json.loads((root / "site" / "data" / "support.json").read_text())
+    major, minor = (int(part) for part in capability.split(".")[:2])
+    if (major, minor) < (7, 5):
+        return [f"compute capability {capability}: the course needs 7.5 or newer (a T4 or later); its kernels "
+                "do not build for this GPU"]
+    columns = data["columns"]
+    # The column that lists this capability, else the newest column whose capabilities it is past (a newer GPU
+    # runs what the generation before it runs).
+    index = next((i for i, c in enumerate(columns) if capability in c["capabilities"]), None)
+    if index is None:
+        index = max(i for i, c in enumerate(columns)
+                    if (major, minor) >= min(tuple(map(int, cap.split("."))) for cap in c["capabilities"]))
+    lines = [f"what a compute capability {capability} GPU runs (the home page's column '{columns[index]['title']}'):"]
+    lines += [f"  lab {row['title']:<20} {row['cells'][index]}" for row in data["rows"]]
+    return lines
+
+
 def main(root: Path, trees, env, remove_locks: bool = False) -> int:
     problems = 0
     for what, ok, detail in checks(root, trees, env):
         problems += not ok
         print(f"{'ok ' if ok else 'FIX'}  {what:<20} {detail}")
+    simulated = os.environ.get("COURSE_TARGET_ARCH", "").strip()  # harness/jit.py: TARGET_ARCH_ENV
+    facts = Probe().torch_facts(env) if not simulated else {}
+    capability = simulated or facts.get("cc")
+    if capability:
+        print("\n" + "\n".join(what_runs(root, capability)))
+    if simulated:
+        print(f"  (COURSE_TARGET_ARCH={simulated}: the grader simulates that GPU on this one)")
     locks = Probe().build_locks(trees.BUILD)
     if locks and remove_locks:
         for lock in locks:
