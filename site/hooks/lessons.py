@@ -164,7 +164,8 @@ def support_table(indent: str) -> str:
     lines = ["| lab | " + " | ".join(column["title"] for column in data["columns"]) + " |",
              "|---|" + "---|" * len(data["columns"])]
     lines += ["| " + " | ".join([row["title"], *row["cells"]]) + " |" for row in data["rows"]]
-    return "\n".join(indent + line for line in lines)
+    lines += ["", data["newer"]["note"]]
+    return "\n".join(indent + line if line else "" for line in lines)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -226,15 +226,19 @@ def what_runs(root: Path, capability: str | None) -> list[str]:
         return [f"compute capability {capability}: the course needs 7.5 or newer (a T4 or later); its kernels "
                 "do not build for this GPU"]
     columns = data["columns"]
-    # The column that lists this capability, else the newest column whose capabilities it is past (a newer GPU
-    # runs what the generation before it runs).
+    listed = [tuple(map(int, cap.split("."))) for column in columns for cap in column["capabilities"]]
+    # The column that lists this capability; past the newest listed, the table's column for newer GPUs (sm_90a code
+    # runs on 9.0 alone); else the newest column whose capabilities it is past.
     index = next((i for i, c in enumerate(columns) if capability in c["capabilities"]), None)
-    if index is None:
+    note = []
+    if index is None and (major, minor) > max(listed):
+        index, note = data["newer"]["column"], [f"  {data['newer']['note']}"]
+    elif index is None:
         index = max(i for i, c in enumerate(columns)
                     if (major, minor) >= min(tuple(map(int, cap.split("."))) for cap in c["capabilities"]))
     lines = [f"what a compute capability {capability} GPU runs (the home page's column '{columns[index]['title']}'):"]
     lines += [f"  lab {row['title']:<20} {row['cells'][index]}" for row in data["rows"]]
-    return lines
+    return lines + note
 
 
 def main(root: Path, trees, env, remove_locks: bool = False) -> int:
