@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import perf, timing, todos, trees  # noqa: E402
+from coursekit import trees
+from harness import perf, timing, todos  # noqa: E402
 
 _records: list[dict] = []
 _points: dict[str, dict] = {}
@@ -133,7 +133,7 @@ def _release_timing_lock() -> None:
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # pytest keeps the last failure's frames
         if hasattr(sys, name):
             setattr(sys, name, None)
-    jit = sys.modules.get("harness.jit")
+    jit = sys.modules.get("coursekit.jit")
     if jit is not None:
         jit.free_flush_buffers()
     gc.collect()

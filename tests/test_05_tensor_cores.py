@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
+from coursekit import jit
 from harness import inputs, notebooks, poisoned, random_tensor, requires_gpu, tolerance
 from harness.check import pool_bytes, shape_id
 from harness.inputs import Arg
@@ -61,7 +62,7 @@ def constants() -> dict:
 
 def block_tile() -> tuple[int, int]:
     """The mma.sync kernel's block tile on this GPU: failures name the tile of the first wrong element."""
-    config = LAB.module.tile_config(harness.jit.capability()[0])
+    config = LAB.module.tile_config(jit.capability()[0])
     return config["block_m"], config["block_n"]
 
 
@@ -122,7 +123,7 @@ def linear_act(op: str, x, weight, bias, activation: str, *, case: str) -> torch
 
 
 def skip_without_bf16(dtype):
-    if dtype == BF16 and harness.jit.capability()[0] < 8:
+    if dtype == BF16 and jit.capability()[0] < 8:
         pytest.skip("bfloat16 tensor cores need compute capability 8.0+; this GPU runs the float16 path only")
 
 
@@ -275,7 +276,7 @@ def test_residency_is_what_the_lesson_says():
     """The page's section 5: __launch_bounds__(128, 1) is a minimum, not a limit; the runtime's blocks per
     SM follow from the registers (two 128-thread blocks fit at up to 255 a thread) and each stage count's
     shared memory. On an H100/H200 (228 KB an SM): 2 blocks at 4 and 6 stages, 1 at 8."""
-    major = harness.jit.capability()[0]
+    major = jit.capability()[0]
     rows = {stages: dict(LAB.module.residency(stages)) for stages in (4, 6, 8)}
     for stages, r in rows.items():
         assert r["stages"] == stages and r["threads"] == LAB.module.tile_config(major)["threads"], r
@@ -285,7 +286,7 @@ def test_residency_is_what_the_lesson_says():
     if major >= 8:
         assert rows[4]["dynamic_shared_bytes"] == LAB.module.tile_config(major)["shared_bytes"], rows[4]
         assert rows[4]["blocks_per_sm"] >= 1, rows[4]
-    if harness.jit.capability() == (9, 0):
+    if jit.capability() == (9, 0):
         got = [rows[stages]["blocks_per_sm"] for stages in (4, 6, 8)]
         assert got == [2, 2, 1], f"blocks per SM at 4, 6, 8 stages on sm_90: {got}, the lesson says [2, 2, 1]: {rows}"
     with pytest.raises(RuntimeError, match="stages must be 4, 6 or 8"):
@@ -462,7 +463,7 @@ def test_dtype_errors_suggest_a_call_that_runs():
 @requires_gpu
 @harness.reference_check
 def test_bf16_refused_before_sm80():
-    if harness.jit.capability()[0] >= 8:
+    if jit.capability()[0] >= 8:
         pytest.skip("this GPU has bfloat16 tensor cores; the refusal only applies before sm_80")
     x, weight, bias = make_inputs(16, 16, 16, BF16)
     LAB.assert_raises_clearly(lambda: LAB.module.linear_act(x, weight, bias), must_mention=("bfloat16", "float16"),
@@ -559,7 +560,7 @@ PERF_M = PERF_N = PERF_K = 4096
 # H100 0.465x, and 0.489x once its epilogue was staged: tools/gpu/lab05-epilogue-variants.txt). Against
 # gelu(addmm), which costs ~10% more than the GEMM alone at 4096^3, 1.1x the GEMM bar (staged: 0.551x, H100).
 def mma_sync_target() -> float:
-    return 0.45 if harness.jit.capability()[0] == 9 else 0.5
+    return 0.45 if jit.capability()[0] == 9 else 0.5
 
 
 def mma_sync_student_bar(baseline: str) -> float:
@@ -570,7 +571,7 @@ def mma_sync_student_bar(baseline: str) -> float:
     (H100, tools/gpu/variants.py with lab05-epilogue-variants.txt), 5% more, and the two mutants, which keep
     it, may gain as much: not re-measured. Off Hopper nothing was measured: there the bars stay where a kernel
     without pipelining was seen to pass."""
-    if harness.jit.capability()[0] == 9:
+    if jit.capability()[0] == 9:
         return {"cublas": 0.42, "gelu(addmm)": 0.47}[baseline]
     return {"cublas": 0.3, "gelu(addmm)": 0.33}[baseline]
 
@@ -651,7 +652,7 @@ FUSION_BARS = {"student_bar": 0.85, "target": 1.10}
 # as the model assumes; the unfused pair moves 6 bytes an element, 0.4 GB, about 0.1 ms on an H200, far above a
 # launch's cost; x and weight are 1 MB each. The k-loop is 2 k-slices, so pipelining barely matters: the case
 # grades the fusion and the epilogue's stores. bf16 from sm_80, fp16 on sm_75 (the same bytes).
-# Measured (H100, python3 site/data/evidence/05-tensor-cores/fusion.py; I = 260): the model was wrong for the first
+# Measured (H100, ./course run site/data/evidence/05-tensor-cores/fusion.py; I = 260): the model was wrong for the first
 # version of the kernel. At K = 64 it took 0.246 ms against gelu(addmm)'s 0.150: 0.61x, not 2-3x, and 0.60-0.62x at
 # every K from 32 to 256. Its output left at 18% of copy bandwidth (the GELU pass alone: 95%), so t_fused was ~11
 # units, not 2-3.5: its epilogue stored each accumulator pair from the registers, 4 bytes a lane. Staging the warp's
@@ -673,7 +674,7 @@ FUSION_TARGET_BY_GPU = {"H200": 0.95}
 @pytest.mark.perf
 @harness.tasks(*ALL_TASKS)
 def test_perf_fusion_memory_bound():
-    dtype = BF16 if harness.jit.capability()[0] >= 8 else FP16
+    dtype = BF16 if jit.capability()[0] >= 8 else FP16
     target = harness.perf.target_on_this_gpu(FUSION_BARS["target"], FUSION_TARGET_BY_GPU)
     _perf("linear_act", "gelu(addmm)", shape=FUSION_SHAPE, dtype=dtype, student_bar=FUSION_BARS["student_bar"],
           target=target)

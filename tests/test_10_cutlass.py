@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import harness
+from coursekit import trees
 from harness import build as lab_build
-from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance, trees
+from harness import notebooks, poisoned, random_tensor, requires_gpu, tolerance
 from harness.check import pool_bytes, shape_id
 from harness.inputs import Arg
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.utils.cpp_extension import CUDA_HOME
 
-from harness import jit, trees
+from coursekit import jit, trees
 
 ARCHS = ("sm_75", "sm_80")
 KERNEL_FILES = sorted(p for lab in trees.all_labs() for p in lab.dir_in(trees.resolve_tree("solutions")).glob("*.cu"))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from harness import build, mutants, trees
+from coursekit import trees
+from harness import build, mutants
 
 LAB = trees.find_lab("04")
 # A syntax error in one kernel of the ladder: every test that touches the module must fail with it.

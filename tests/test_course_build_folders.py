@@ -14,7 +14,8 @@ import time
 import pytest
 from grader09 import aot, stable_abi
 
-from harness import folders, jit, mutants, notebooks, trees
+from coursekit import folders, jit, trees
+from harness import mutants, notebooks
 
 LAB09 = trees.find_lab("09")
 
@@ -72,14 +73,18 @@ def test_a_missing_given_file_is_named(tmp_path):
         stable_abi._stable_tools().build_wheel(LAB09.dir_in(tree) / "stable", tmp_path / "out")
 
 
+def _child_env() -> dict:
+    """A child python's environment: the course's import roots on PYTHONPATH, as ./course gives its children."""
+    return dict(os.environ, PYTHONPATH=trees.pythonpath(os.environ.get("PYTHONPATH")))
+
+
 # A builder of one output in one folder, as the lab 09 builds are made: under the folder's lock, in a partial folder
 # renamed into place. It writes slowly, so that a reader that ignored the rename would see a half-written file.
 BUILDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    sys.path.insert(0, sys.argv[1])
-    import folders
-    folder = Path(sys.argv[2])
+    from coursekit import folders
+    folder = Path(sys.argv[1])
     final = folder / "dist-key"
     with folders.exclusive(folder):
         if final.is_dir():
@@ -112,8 +117,8 @@ def test_concurrent_builders_of_one_folder_build_once_and_publish_whole(tmp_path
 
     reader = threading.Thread(target=read_while_building)
     reader.start()
-    command = [sys.executable, "-c", BUILDER, str(trees.TESTS / "harness"), str(folder)]
-    builders = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    command = [sys.executable, "-c", BUILDER, str(folder)]
+    builders = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=_child_env()) for _ in range(4)]
     said = sorted(builder.communicate(timeout=60)[0].strip() for builder in builders)
     stop.set()
     reader.join()
@@ -128,12 +133,11 @@ def test_a_killed_builder_leaves_no_lock_behind(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
         from pathlib import Path
-        sys.path.insert(0, sys.argv[1])
-        import folders
-        with folders.exclusive(Path(sys.argv[2])):
+        from coursekit import folders
+        with folders.exclusive(Path(sys.argv[1])):
             print("holding", flush=True)
             time.sleep(60)
-    """), str(trees.TESTS / "harness"), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    """), str(tmp_path)], stdout=subprocess.PIPE, text=True, env=_child_env())
     assert holder.stdout.readline().strip() == "holding"
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()

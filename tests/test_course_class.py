@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from harness import mutants, trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import report  # noqa: E402
 import runner  # noqa: E402
+
+from coursekit import trees
+from harness import mutants
 
 COURSE = str(trees.ROOT / "course")
 LAB = trees.find_lab("00")
@@ -168,7 +167,6 @@ def test_the_timing_file_takes_writers_on_many_threads(tmp_path):
     child process, so that this run's own timing file is left alone."""
     script = (
         "import json, sys, threading\n"
-        f"sys.path.insert(0, {str(trees.ROOT / 'tests')!r})\n"
         "from harness import timing\n"
         "import pathlib, time\n"
         "rename = pathlib.Path.replace  # a rename that waits first: the window between write and rename, wide\n"
@@ -183,7 +181,8 @@ def test_the_timing_file_takes_writers_on_many_threads(tmp_path):
         "[w.start() for w in workers]; [w.join() for w in workers]\n"
         "assert not errors, errors[:3]\n"
         f"print(json.loads(open({str(tmp_path / 'probe.timing.json')!r}).read())['build_failed'])\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=trees.pythonpath(os.environ.get("PYTHONPATH"))))
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
     assert [f.name for f in tmp_path.iterdir()] == ["probe.timing.json"], "a partial file was left behind"
 

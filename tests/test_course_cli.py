@@ -11,11 +11,9 @@ import sys
 import textwrap
 
 import pytest
-
-from harness import trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import report  # noqa: E402
+
+from coursekit import trees
 
 COURSE = str(trees.ROOT / "course")
 
@@ -66,7 +64,6 @@ def test_sigterm_to_course_stops_the_pytest_sessions_it_started(tmp_path):
     script = tmp_path / "course_like.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(trees.ROOT / "tools" / "course")!r})
         import cli, runner
 
         def fn(args):  # a run whose 'pytest' is a shell that records its pid and sleeps (exec keeps the pid)
@@ -77,8 +74,10 @@ def test_sigterm_to_course_stops_the_pytest_sessions_it_started(tmp_path):
 
         sys.exit(cli.run_command(fn, None))
     """))
+    path = trees.pythonpath(os.pathsep.join(filter(None, [str(trees.ROOT / "tools" / "course"),
+                                                          os.environ.get("PYTHONPATH")])))
     course = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+                              text=True, env=dict(os.environ, PYTHONPATH=path))
     for _ in range(300):
         if pid_file.exists() and pid_file.read_text().strip():
             break

@@ -4,15 +4,11 @@ full disk, stale build locks, no torch, CUDA_HOME, TORCH_CUDA_ARCH_LIST, too lit
 module name) fails its check with the fix in its text."""
 from __future__ import annotations
 
-import sys
-
+import doctor  # noqa: E402
 import pytest
 
-from harness import trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
-import doctor  # noqa: E402
-import env as course_env  # noqa: E402
+from coursekit import env as course_env
+from coursekit import trees
 
 
 class FakeProbe(doctor.Probe):

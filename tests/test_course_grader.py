@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import HAS_GPU, NO_GPU_REASON, mutants, trees
+from coursekit import trees
+from harness import HAS_GPU, NO_GPU_REASON, mutants
 
 COURSE = str(trees.ROOT / "course")
 LAB = trees.find_lab("00")

@@ -9,17 +9,14 @@ from __future__ import annotations
 import importlib
 import re
 import subprocess
-import sys
 import textwrap
 import types
 
+import labgen  # noqa: E402
 import pytest
 
-from harness import trees
+from coursekit import trees
 from harness.todos import ALL, REFERENCE_MARK, declarations_in, open_todos
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
-import labgen  # noqa: E402
 
 COURSE = str(trees.ROOT / "course")
 

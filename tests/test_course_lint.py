@@ -3,16 +3,11 @@ by their braces, an allow-list whose entries may not grow and must leave once th
 within its budgets."""
 from __future__ import annotations
 
-import sys
-
-from harness import trees
-
 
 def test_size_budgets_find_long_functions_and_the_allow_list_only_shrinks():
     """./course lint's size budgets (tools/course/sizes.py): Python functions by the AST, C++/CUDA functions by their
     braces (attributes such as __launch_bounds__ skipped, blocks and lambdas inside a body part of it); an entry of
     the allow-list may not grow, and one that fits its budget now must leave the list."""
-    sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
     import sizes
 
     python = "def short():\n    return 1\n\n\nclass A:\n    @staticmethod\n    def long():\n" + "        x = 1\n" * 90

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from harness import trees
+from coursekit import trees
 
 
 def test_lab08_hopper_backward_model(capsys):

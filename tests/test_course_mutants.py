@@ -6,7 +6,8 @@ import importlib
 import pytest
 import torch
 
-from harness import HAS_GPU, NO_GPU_REASON, mutants, trees
+from coursekit import trees
+from harness import HAS_GPU, NO_GPU_REASON, mutants
 
 
 def _mutants():

@@ -18,17 +18,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kernel_profile  # noqa: E402
 import pytest
 
-from harness import HAS_GPU, NO_GPU_REASON, perf, trees
+from coursekit import trees
+from harness import HAS_GPU, NO_GPU_REASON, perf
 from harness.check import GradeFailure
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
-import kernel_profile  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "profile"
 COURSE = str(trees.ROOT / "course")
 CLI = str(trees.ROOT / "tools" / "course" / "cli.py")  # run by this python, so PATH can be emptied of the CUDA tools
+# ... with the PYTHONPATH the ./course launcher gives it (coursekit, harness)
+CLI_PATH = trees.pythonpath(os.environ.get("PYTHONPATH"))
 # The ranges the harness recorded for the report's five markers (perf.PROFILED, as conftest writes it out).
 RANGES = [
     {"case": "ladder 3: float4 copy", "side": "ours", "baseline_name": "dst.copy_(src)"},
@@ -223,7 +224,7 @@ def test_demangle_falls_back_to_the_mangled_name(monkeypatch):
 
 # ---------------------------------------------------------------- a machine without the tools
 def _course(*args, path: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=path, CUDA_HOME="/nonexistent")
+    env = dict(os.environ, PATH=path, CUDA_HOME="/nonexistent", PYTHONPATH=CLI_PATH)
     return subprocess.run([sys.executable, CLI, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -369,7 +370,7 @@ def test_profile_pipeline_with_a_stand_in_ncu(tmp_path):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
     out = tmp_path / "profile.json"
-    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=CLI_PATH)
     run = subprocess.run([sys.executable, CLI, "profile", "00", "--impl", "solutions", "-k", "scale", "--json",
                           str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -384,17 +385,12 @@ def test_profile_pipeline_with_a_stand_in_ncu(tmp_path):
 
 # ---------------------------------------------------------------- the site's profile tables (site/hooks/profiles.py)
 def _load_profiles_hook():
-    """site/hooks/profiles.py as mkdocs loads it: its folder on sys.path (for _trees), by file path."""
+    """site/hooks/profiles.py as mkdocs loads it, by file path (the hooks are no package)."""
     import importlib.util
 
-    hooks = str(trees.ROOT / "site" / "hooks")
-    sys.path.insert(0, hooks)
-    try:
-        spec = importlib.util.spec_from_file_location("course_profiles_hook", Path(hooks) / "profiles.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(hooks)
+    spec = importlib.util.spec_from_file_location("course_profiles_hook", trees.SITE_SOURCES / "hooks" / "profiles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import jit, trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
+from coursekit import jit, trees
 
 
 # ---------------------------------------------------------------- the notebook runner
@@ -153,7 +151,7 @@ def test_timed_cases_wait_for_the_side_work_and_run_last(tmp_path):
         # tests/conftest.py as a plugin: the file is outside tests/, where pytest would find the conftest itself
         run = subprocess.run([sys.executable, "-m", "pytest", str(test_file), "-q", "-s", "-p", "no:cacheprovider",
                               "-p", "conftest", "--rootdir", str(tmp_path)], capture_output=True, text=True,
-                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(trees.TESTS), **env_extra})
+                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": trees.pythonpath(), **env_extra})
         return re.findall(r"(?:TIMED|PLAIN) \S+(?: \S+)?", run.stdout)  # -q's dots share the lines
 
     assert [line.split()[0] for line in order({})] == ["TIMED", "PLAIN"]
@@ -178,7 +176,7 @@ def test_the_timing_lock_keeps_two_runs_tests_apart(tmp_path):
                "--rootdir", str(tmp_path)]
 
     def spans(mode: str) -> list[tuple[float, float]]:
-        env = {**os.environ, "PYTHONPATH": str(trees.TESTS), trees.TIMING_LOCK_ENV: f"{mode}:{tmp_path / 'gpu.lock'}"}
+        env = {**os.environ, "PYTHONPATH": trees.pythonpath(), trees.TIMING_LOCK_ENV: f"{mode}:{tmp_path / 'gpu.lock'}"}
         runs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
         found = []
         for run in runs:

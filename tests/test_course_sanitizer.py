@@ -13,11 +13,9 @@ import sys
 import threading
 
 import pytest
-
-from harness import jit, trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import report  # noqa: E402
+
+from coursekit import jit, trees
 
 
 # ---------------------------------------------------------------- what the sanitizer checks

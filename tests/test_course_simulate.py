@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from harness import jit, trees
+from coursekit import jit, trees
 
 # What target.h's parser prints for a COURSE_TARGET_LIMITS text: active major minor sms threads blocks optin per_sm l2.
 _PRINTER = r"""

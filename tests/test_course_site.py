@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from harness import trees
+from coursekit import trees
 
 SITE_TOOLS = trees.ROOT / "tools" / "site"
 CHECK = SITE_TOOLS / "browser_check.py"
@@ -51,14 +51,14 @@ def test_site_in_a_browser():
     if newest:
         cannot_run(f"the built site is older than {newest.relative_to(trees.ROOT)}: rebuild it with ./course site")
     result = subprocess.run([sys.executable, str(CHECK), str(trees.SITE_BUILD), "--chromium", chromium],
-                            cwd=trees.ROOT, capture_output=True, text=True, timeout=600, check=False)
+                            cwd=trees.ROOT, capture_output=True, text=True, timeout=600, check=False,
+                            env=dict(os.environ, PYTHONPATH=trees.pythonpath(os.environ.get("PYTHONPATH"))))
     print(result.stdout)
     assert result.returncode == 0, f"browser check failed:\n{result.stdout}{result.stderr}"
 
 
 _spine_spec = importlib.util.spec_from_file_location("site_spine", trees.SITE_SOURCES / "hooks" / "spine.py")
 spine = importlib.util.module_from_spec(_spine_spec)
-sys.path.append(str(trees.SITE_SOURCES / "hooks"))  # its `_trees`; appended, so the hooks' math.py shadows nothing
 _spine_spec.loader.exec_module(spine)
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from harness import trees
+from coursekit import trees
 
 
 @pytest.mark.parametrize("lab", trees.all_labs(), ids=lambda lab: lab.name)

@@ -6,10 +6,6 @@ import json
 import sys
 
 import pytest
-
-from harness import trees
-
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 import report  # noqa: E402
 import summary  # noqa: E402
 

@@ -7,15 +7,14 @@ import importlib
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from harness import sweep, trees
+from coursekit import trees
+from harness import sweep
 
 pytest.register_assert_rewrite("grader06", "grader07")  # as their entry modules do, whichever imports them first
-sys.path.insert(0, str(trees.ROOT / "tools" / "course"))
 SWEEP_LABS = ["06", "07"]
 
 
@@ -24,15 +23,10 @@ def _ops(number: str) -> list[sweep.Op]:
 
 
 def _load_plots_hook():
-    """site/hooks/plots.py as mkdocs loads it: its folder on sys.path (for _trees), by file path."""
-    hooks = str(trees.ROOT / "site" / "hooks")
-    sys.path.insert(0, hooks)
-    try:
-        spec = importlib.util.spec_from_file_location("course_plots_hook", Path(hooks) / "plots.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(hooks)
+    """site/hooks/plots.py as mkdocs loads it, by file path (the hooks are no package)."""
+    spec = importlib.util.spec_from_file_location("course_plots_hook", trees.SITE_SOURCES / "hooks" / "plots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 

@@ -1,5 +1,5 @@
 // Simulating an older GPU on a newer one. With COURSE_TARGET_ARCH=7.5 (8.0, 8.6, 8.9) the grader builds PTX for
-// that compute capability alone, and tests/harness/jit.py passes that GPU's limits in COURSE_TARGET_LIMITS
+// that compute capability alone, and coursekit/jit.py passes that GPU's limits in COURSE_TARGET_LIMITS
 // ("major=7;minor=5;sms=40;shared_per_block_optin=65536;..."); course::device_attribute (cuda.cuh) answers with
 // them, so host code dispatches as it would on that GPU and a kernel that asks for more shared memory than that GPU
 // has fails here as it would there. No CUDA in this file: tests compile it with a plain C++ compiler.

@@ -1,8 +1,9 @@
 """Serve the site's own CSS from site/css, so lessons/ holds only lesson pages."""
 from __future__ import annotations
 
-from _trees import trees
 from mkdocs.structure.files import File
+
+from coursekit import trees
 
 CSS = trees.SITE_SOURCES / "css"
 

@@ -19,8 +19,9 @@ import os
 import re
 from pathlib import Path
 
-from _trees import trees
 from mkdocs.structure.files import File
+
+from coursekit import trees
 
 log = logging.getLogger("mkdocs.hooks.bench")
 # COURSE_BENCH_DATA points the build at another folder of results (a test build, a GPU box's

@@ -29,7 +29,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
-from _trees import trees
+
+from coursekit import trees
 
 log = logging.getLogger("mkdocs.hooks.lessons")
 SYLLABUS = trees.SITE_SOURCES / "data" / "syllabus.yml"

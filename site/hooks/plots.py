@@ -19,8 +19,9 @@ import json
 import logging
 import re
 
-from _trees import trees
 from mkdocs.structure.files import File
+
+from coursekit import trees
 
 log = logging.getLogger("mkdocs.hooks.plots")
 DATA = trees.PLOT_DATA

@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from _trees import trees
+from coursekit import trees
 
 log = logging.getLogger("mkdocs.hooks.profiles")
 # COURSE_PROFILE_DATA points the build at another folder (a test, a GPU box's fresh run); the committed data is the

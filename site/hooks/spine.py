@@ -25,7 +25,7 @@ included from files (`--8<--` lines), HTML comments and collapsed blocks (`??? .
 `<details>...</details>`) do not count.
 
 Run as a script on page files to print their word counts and problems:
-    python3 site/hooks/spine.py lessons/06-fused-elementwise.md
+    ./course run site/hooks/spine.py lessons/06-fused-elementwise.md
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # as a script, this folder leads sys.path: its math.py would shadow the stdlib's
-    _HOOKS = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HOOKS)] + [_HOOKS]
-from _trees import trees  # noqa: E402
+    _HOOKS = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HOOKS]
+from coursekit import trees  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.spine")
 DATA = trees.SITE_SOURCES / "data"

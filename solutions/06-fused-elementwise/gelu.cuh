@@ -63,20 +63,19 @@ constexpr double kTanhCubic = 0.044715;                  // the cubic term of th
 // The coefficients, H(v) = sum c_k v^k: a weighted minimax fit on [0, 6] (Lawson's iteration on
 // 6000 points, weight Phi(-v) + 1e-4: absolute error in h near v = 0, where Phi(u) = 1 - h needs
 // it, relative in the tail, where y = u h needs it), each rounded to float once. Regenerate with
-// `python3 site/data/evidence/06-fused-elementwise/gelu_erf.py --fit` (CPU, fit_tail(10); it prints them as hex
+// `./course run site/data/evidence/06-fused-elementwise/gelu_erf.py --fit` (CPU, fit_tail(10); it prints them as hex
 // floats). The least-squares solves differ slightly between numpy/LAPACK builds: one CPU run
 // printed these but for c5, 0x1.4e07f6p-16 (4 float ulps off, on a term of 2e-5). The
 // set below is the one measured on the GPU. The degree-9 fit it prints saves one FFMA and is less
 // accurate for u < 0.
 //
-// Accuracy, every finite float32 u (2^32 inputs; `python3 site/data/evidence/06-fused-elementwise/gelu_erf.py`, H200
-// and H100, the same counts), bfloat16 results one step or more off the correctly
-// rounded float64 GELU, per region u >= 0 | -5.5 <= u < 0 | u < -5.5: erff form 3805 | 2199240 |
-// 11074556, this one 4451 | 14034 | 9989771; worst steps 1 | 89 | 13241 against 1 | 1 | 452. The
-// 646 more for u >= 0 (of 2^31) come from ex2.approx's own error (a few ulps), which no choice of
-// coefficients removes (site/data/evidence/06-fused-elementwise/gelu_fit.md); lesson 06's notes have the whole
-// table and the decision. float32 keeps erff: its kernels already run at copy speed (nothing to
-// gain), and the table counts bfloat16 steps, not the float32 ulps a float32 output would show.
+// Accuracy, every finite float32 u (2^32 inputs; `./course run site/data/evidence/06-fused-elementwise/gelu_erf.py`,
+// H200 and H100, the same counts), bfloat16 results one step or more off the correctly rounded float64 GELU, per region
+// u >= 0 | -5.5 <= u < 0 | u < -5.5: erff form 3805 | 2199240 | 11074556, this one 4451 | 14034 | 9989771; worst steps
+// 1 | 89 | 13241 against 1 | 1 | 452. The 646 more for u >= 0 (of 2^31) come from ex2.approx's own error (a few ulps),
+// which no choice of coefficients removes (site/data/evidence/06-fused-elementwise/gelu_fit.md); lesson 06's notes have
+// the whole table and the decision. float32 keeps erff: its kernels already run at copy speed (nothing to gain), and
+// the table counts bfloat16 steps, not the float32 ulps a float32 output would show.
 constexpr float kHalfLog2e = -0.72134752044448170f;       // A = -log2(e) / 2
 constexpr float kLog2InvSqrt2Pi = -1.32574806473615930f;  // B = log2(1 / sqrt(2 pi))
 constexpr float kTailClamp = 6.0f;                        // H is fitted on [0, 6]

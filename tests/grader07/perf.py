@@ -58,7 +58,7 @@ SOFTMAX_PERF_SHAPE = (8192, 8192)
 LONG_SOFTMAX_PERF_SHAPE = (4096, 65536)
 # (reference target, student bar), held in the same run on the same GPU. Reference targets: issue 13's where the
 # reference reaches them, else the measured figure less a margin, with the issue's number beside it. Measured on an
-# H100 (python3 site/data/evidence/07-fused-normalization/quick.py and this file's perf tests, 2026-11-22, three
+# H100 (./course run site/data/evidence/07-fused-normalization/quick.py and this file's perf tests, 2026-11-22, three
 # runs): RMSNorm forward 97-99% of copy; 1.29-1.42x F.rms_norm (F.rms_norm 0.238-0.258 ms over the runs: torch 2.11's
 # is a fused kernel, aten::_fused_rms_norm), so 1.2 (issue: 1.3); 1.00-1.01x compiled; backward 84% of copy, so 0.80
 # (issue: no separate figure), and forward + backward 1.02x compiled, so 0.95 (issue: 1.1); softmax 8192^2 97-98%

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import harness
+from coursekit import jit
 from grader07.common import (
     BF16,
     DTYPES,
@@ -129,7 +130,7 @@ def test_rms_norm_backward_staged(shape, dtype):
     rstd = reference_rstd(x, EPS)
     n, element_bytes = shape[-1], torch.empty((), dtype=dtype).element_size()
     blocks = int(LAB.module.staged_backward_blocks(element_bytes, rows_of(shape), n))
-    (major, minor), shared_optin = harness.jit.capability(), harness.jit.shared_bytes_per_block_optin()
+    (major, minor), shared_optin = jit.capability(), jit.shared_bytes_per_block_optin()
     # The ring, and 1 KiB for the kernel's static shared memory (its warps' dots: 256 bytes, ptxas 13.0).
     room = constants()["staged_shared_bytes"] + 1024
     if (shape, dtype) in NOT_STAGED_CASES:

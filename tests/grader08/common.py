@@ -52,6 +52,7 @@ import pytest
 import torch
 
 import harness
+from coursekit import jit
 from harness import attention, tolerance
 from harness.attention import LAYOUTS, blind_rows, describe, golden, make_qkv, randn
 from harness.check import check_placement, dtype_name, nbytes, run_student
@@ -117,7 +118,7 @@ def autograd_module():
 
 
 def skip_before_sm80(rung: str) -> None:
-    if harness.jit.capability()[0] < 8:
+    if jit.capability()[0] < 8:
         pytest.skip(f"{rung} needs compute capability 8.0+ (mma.m16n8k16 in bfloat16, cp.async); this GPU runs the "
                     "naive and float32 rungs only")
 

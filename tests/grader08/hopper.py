@@ -6,6 +6,7 @@ import importlib.util
 import random
 
 import harness
+from coursekit import trees
 from grader08.common import FLASH_HEAD_DIMS, LAB, constants
 from harness.check import first_line, run_student
 
@@ -36,7 +37,7 @@ def hopper_plan_module():
 
 
 def _reference_hopper_plan():
-    path = harness.trees.SOLUTIONS / LAB.lab.name / "hopper_plan.py"
+    path = trees.SOLUTIONS / LAB.lab.name / "hopper_plan.py"
     spec = importlib.util.spec_from_file_location("course_lab08_hopper_plan_reference", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -8,7 +8,7 @@ the builds are made by cached functions, once per process, started early when th
 Both builds are of the graded tree (its ops.cpp, ops.py, block.py, package/ and the lessons its depends.txt names),
 each in a folder of the tree's own (trees.Lab.build_dir: build/aot-cmake/<tree tag>/09-custom-ops and
 build/aot-wheel/<tree tag>/09-custom-ops), so runs of different trees never share one; runs of the same tree build
-one at a time under the folder's lock, and what they hand over is published whole by a rename (harness/folders.py).
+one at a time under the folder's lock, and what they hand over is published whole by a rename (coursekit/folders.py).
 
   - CMake: the repository's CMakeLists.txt configured for this tree's lab 09 alone (COURSE_TREES=<tag>=<path>,
     COURSE_LABS=09-custom-ops) in <folder>/cmake, then `cmake --build --target course_<tag>_ops`; the library is
@@ -29,8 +29,8 @@ Which trees: solutions always; labs and submissions when CI or COURSE_AOT is set
 (labs) to 6.8 min (solutions), the wheel 2.6 to 5.0 min; warm, the tests take about 25 s. CI builds both for the
 solutions before the suite (.ci/run), so lab 09's grading stays inside its deadline.
 
-    python tests/grader09/aot.py wheel [labs|solutions|PATH]   # build (or reuse) the wheel, print its path
-    python tests/grader09/aot.py cmake [labs|solutions|PATH]   # build (or reuse) the CMake library
+    ./course run tests/grader09/aot.py wheel [labs|solutions|PATH]   # build (or reuse) the wheel, print its path
+    ./course run tests/grader09/aot.py cmake [labs|solutions|PATH]   # build (or reuse) the CMake library
 """
 from __future__ import annotations
 
@@ -49,17 +49,19 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-if __name__ == "__main__":  # a script (the commands above, the probe's fresh python): import from tests/, as pytest
-    # does, and not from this folder, whose modules must not shadow others of their names
+if __name__ == "__main__":  # a script (the commands above, the probe's fresh python): import from the course's roots
+    # (PYTHONPATH: ./course run, or the probe's environment), not from this folder, whose modules must not shadow others
     _HERE = os.path.realpath(os.path.dirname(__file__))
-    sys.path[:] = [os.path.dirname(_HERE)] + [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _HERE]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import harness  # noqa: E402
+from coursekit import env as course_env  # noqa: E402
+from coursekit import folders, jit, trees  # noqa: E402
 from grader09 import schemas  # noqa: E402
-from harness import background, folders, jit, requires_gpu, trees  # noqa: E402
+from harness import background, requires_gpu  # noqa: E402
 from harness import build as lab_build  # noqa: E402
 
 LAB = trees.find_lab("09")
@@ -108,7 +110,6 @@ def start_early() -> None:
     test_09_custom_ops.py calls this when the session has selected these tests."""
     tree, why_not = _aot_tree()
     if not why_not:
-        _course_env()
         probe_once.start("cmake", tree)
         probe_once.start("wheel", tree)
 
@@ -199,19 +200,6 @@ def cmake_library(tree: trees.Tree) -> CMakeBuild:
 
 
 # ---------------------------------------------------------------- the wheel
-def _course_env():
-    """tools/course/env.py, loaded by path (tools/ is not a package): the course's cache folder. start_early loads
-    it first, in the main thread: a module is in sys.modules before its body has run, and a build thread must not
-    find it half made."""
-    module = sys.modules.get("course_env")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("course_env", trees.ROOT / "tools" / "course" / "env.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["course_env"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
 def wheel_inputs(lab_dir: Path) -> list[tuple[str, Path]]:
     """(name, file) of every file the wheel is made from: the package folder, the lab's sources and Python files,
     the sources and headers of the labs depends.txt names (all of the graded tree, named from the tree's folder),
@@ -223,7 +211,7 @@ def wheel_inputs(lab_dir: Path) -> list[tuple[str, Path]]:
         files += [p for p in dependency.iterdir() if p.is_file() and p.suffix in code]
     named = [(str(p.relative_to(lab_dir.parent)), p) for p in sorted(set(files))]
     named += [(str(p.relative_to(trees.ROOT)), p) for p in sorted(trees.INCLUDE.rglob("*")) if p.is_file()]
-    named.append(("tests/harness/jit.py", trees.TESTS / "harness" / "jit.py"))
+    named.append(("coursekit/jit.py", Path(jit.__file__)))
     return named
 
 
@@ -250,12 +238,12 @@ def wheel(tree: trees.Tree) -> Path:
             staging = folders.staging_path(dist)
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            # wheel's bdist_wheel warns of setuptools' own; COURSE_ROOT: where include/ and jit.py are
+            # wheel's bdist_wheel warns of setuptools' own; COURSE_ROOT: where include/ is; PYTHONPATH: coursekit
+            # (setup.py imports coursekit.jit), and bdist_wheel when setuptools (65) has none of its own
             env = dict(os.environ, PYTHONWARNINGS="ignore::FutureWarning", COURSE_ROOT=str(trees.ROOT),
                        COURSE_WHEEL_BUILD=str(folder / "build"))
-            extra = _course_env().bdist_wheel_path()  # setuptools 65 has no bdist_wheel of its own
-            if extra:
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra, env.get("PYTHONPATH")]))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [course_env.bdist_wheel_path(),
+                                                              trees.pythonpath(env.get("PYTHONPATH"))]))
             seconds = _run_logged([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check",
                                    "--no-build-isolation", "--no-deps", "-w", str(staging), str(lab_dir / "package")],
                                   folder / "pip-wheel.log", f"pip wheel of {lab_dir / 'package'}", env=env)
@@ -406,7 +394,8 @@ def run_probe(kind: str, location: Path, tree: trees.Tree, outputs_file: Path | 
     command = [sys.executable, str(Path(__file__).resolve()), "probe", kind, str(location), str(lab_dir)]
     if outputs_file:
         command.append(str(outputs_file))
-    done = subprocess.run(command, capture_output=True, text=True, cwd=trees.BUILD)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=trees.BUILD,
+                          env=dict(os.environ, PYTHONPATH=trees.pythonpath(os.environ.get("PYTHONPATH"))))
     lines = [line for line in done.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
     assert done.returncode == 0 and lines, (f"loading the {kind} build ({location}) in a fresh python failed "
                                             f"(exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")

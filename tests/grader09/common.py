@@ -6,6 +6,7 @@ fixture).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 import harness
+from coursekit import trees
 from grader09 import support as S
-from harness import background, trees
+from harness import background
 from harness.check import GradeFailure, first_line, run_student
 
 LAB = harness.lab("09")
@@ -156,6 +158,7 @@ def _lesson_module_compiled(number: str, tree_path: str) -> None:
     go on; test_ops_run_beside_the_lessons_modules then only imports it. After an edit of lab 07's rms_norm.cu,
     `./course grade 09` compiled lab 09 (16.5 s), then lab 07's module (16.6 s), one after the other (H100,
     2026-11-26). A failure is left to the test's own build, which reports it."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from harness import build, trees; "
-            "build.build(trees.find_lab(sys.argv[2]), trees.resolve_tree(sys.argv[3]))")
-    subprocess.run([sys.executable, "-c", code, str(trees.TESTS), number, tree_path], capture_output=True)
+    code = ("from coursekit import trees; from harness import build; "
+            "build.build(trees.find_lab(sys.argv[1]), trees.resolve_tree(sys.argv[2]))")
+    subprocess.run([sys.executable, "-c", "import sys; " + code, number, tree_path], capture_output=True,
+                   env=dict(os.environ, PYTHONPATH=trees.pythonpath(os.environ.get("PYTHONPATH"))))

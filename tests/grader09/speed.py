@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import harness
+from coursekit import trees
 from grader09 import support as S
 from grader09.common import (
     BF16,
@@ -23,7 +24,7 @@ from grader09.common import (
     course_ops,
 )
 from harness import build as lab_build
-from harness import perf, random_tensor, requires_gpu, trees
+from harness import perf, random_tensor, requires_gpu
 from harness.check import GradeFailure, first_line
 
 __all__ = ["test_perf_call_overhead", "test_perf_block_eager", "test_perf_block_compiled"]

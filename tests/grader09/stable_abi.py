@@ -41,7 +41,8 @@ import pytest
 import torch
 
 import harness
-from harness import background, requires_gpu, todos, trees
+from coursekit import trees
+from harness import background, requires_gpu, todos
 from harness.check import dtype_name, shape_id
 
 LAB = trees.find_lab("09")
@@ -208,7 +209,8 @@ def test_stable_same_wheel_in_second_torch():
         # A student's `./course grade 09` should not start a 3 GB download: CI makes the second torch
         # before the suite (.ci/run), anyone else asks for it.
         pytest.skip(f"the second torch ({tools.SECOND_TORCH}) is not on this machine: make it with "
-                    f"`python solutions/09-custom-ops/stable/stable_tools.py second-torch` (about 3 GB, once) or set "
+                    "`./course run solutions/09-custom-ops/stable/stable_tools.py second-torch` (about 3 GB, once) "
+                    f"or set "
                     f"COURSE_SECOND_TORCH={tools.SECOND_TORCH}, then grade again")
     second, tree = str(tools.second_torch()), trees.resolve_tree()
     here = tools.run_check(sys.executable, installed(tree, sys.executable))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 
 import harness
+from coursekit import trees
 from grader09 import support as S
 from grader09.common import BF16, FP16, FP32, LAB, LESSON_MODULES, _lesson_module_compiled, course_ops, library
 from harness import build as lab_build
-from harness import random_tensor, requires_gpu, trees
+from harness import random_tensor, requires_gpu
 from harness.check import GradeFailure, first_line, run_student, skip_without_two_gpus
 
 __all__ = ["test_runs_on_current_stream", "test_ops_run_beside_the_lessons_modules", "test_inputs_on_another_gpu"]

@@ -1,7 +1,7 @@
 """Lesson 10's CuTe reading: CuTe's layouts against lesson 05's hand derivation, element by element. No GPU.
 
 solutions/10-cutlass/cute/cute_layouts.cpp builds, with CuTe's own layout algebra (the headers of the pinned
-nvidia-cutlass wheel, tools/course/cutlass.py), lesson 05's shared-memory swizzles, the thread-value layouts of
+nvidia-cutlass wheel, coursekit/cutlass.py), lesson 05's shared-memory swizzles, the thread-value layouts of
 the mma.sync.m16n8k16 bf16 atom (SM80_16x8x16_F32BF16BF16F32_TN) and ldmatrix.x4 retiled to them
 (make_tiled_copy_A/B), and prints every element with `--dump`. This file computes the same maps the way
 lesson 05's code does, from its formulas, transcribed below with the line each comes from (QUOTES: a test
@@ -9,7 +9,7 @@ fails when a quoted line is no longer in its file, so the transcription cannot s
 and compares every element.
 
 Not a test_*.py file yet: lab 10 has no grader of its own (issue 18); `pytest tests/grader10/cute_layouts.py`
-runs it, and `python tests/grader10/cute_layouts.py` prints the tables and the compile time.
+runs it, and `./course run tests/grader10/cute_layouts.py` prints the tables and the compile time.
 
 The program is compiled once per source and include set (build/cute/, keyed by a hash), with nvcc as a host
 compiler: CuTe's layouts are host code. About 8 s on a 2-core machine under load.
@@ -17,7 +17,6 @@ compiler: CuTe's layouts are host code. About 8 s on a 2-core machine under load
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -28,17 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from coursekit import cutlass
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "solutions" / "10-cutlass" / "cute" / "cute_layouts.cpp"
 LESSON05 = ROOT / "solutions" / "05-tensor-cores"
 BUILD = ROOT / "build" / "cute"
-
-
-def _cutlass():
-    spec = importlib.util.spec_from_file_location("course_cutlass", ROOT / "tools" / "course" / "cutlass.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _nvcc() -> str | None:
@@ -54,7 +48,7 @@ def build() -> tuple[Path, float | None]:
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("no nvcc (CUDA_HOME, /usr/local/cuda or PATH): the CuTe program needs it as its compiler driver")
-    includes = [f"-I{d}" for d in _cutlass().include_dirs()]
+    includes = [f"-I{d}" for d in cutlass.include_dirs()]
     # CuTe's headers warn (unused local typedefs, CUDA 13's deprecated long4); the program's own code is -Wall clean.
     command = [nvcc, "-std=c++17", "-O1", "-Xcompiler", "-Wall,-Wno-deprecated-declarations,-Wno-unused-local-typedefs",
                *includes, str(SOURCE)]

@@ -14,15 +14,10 @@ import traceback
 import pytest
 import torch
 
+from coursekit import trees
+
 from . import build as _build
-from . import (
-    calls,
-    check,
-    inputs,
-    jit,  # noqa: F401 (harness.jit.capability: the GPU the graders run as, simulated or real)
-    perf,
-    trees,
-)
+from . import calls, check, inputs, perf
 from .check import GradeFailure, poison_allocator, poisoned, random_tensor, tolerance
 from .mutants import Mutant
 from .todos import ALL, reference_check, tasks

@@ -15,7 +15,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from . import trees
+from coursekit import trees
+
 from .check import dtype_name
 
 FP64 = torch.float64

@@ -13,7 +13,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from . import jit, timing, trees
+from coursekit import jit, trees
+
+from . import timing
 
 _built: dict[tuple[str, str], object] = {}
 # A submission that does not compile fails the same way for every test that touches it: build

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from . import jit, trees
+from coursekit import jit, trees
 
 
 @dataclass(frozen=True)

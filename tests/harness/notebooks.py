@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from . import trees
+from coursekit import trees
+
 from .todos import ALL, reference_check, tasks
 
 # IPython syntax that is not Python: shell escapes and magics.
@@ -58,7 +59,9 @@ def execute(lab: trees.Lab, tree: trees.Tree, timeout_s: int = 600) -> None:
     # so it neither fails to find the course headers nor writes into the submission.
     os.environ["COURSE_ROOT"] = str(trees.ROOT)
     # ...and where the grader built this lab, so the notebook's load() reuses that build.
-    from . import build, jit
+    from coursekit import jit
+
+    from . import build
 
     os.environ[jit.BUILD_DIR_ENV] = str(lab.build_dir(tree))
     os.environ[jit.MODULE_ENV] = build.module_name(lab, tree)

@@ -17,7 +17,9 @@ from typing import Callable
 import pytest
 import torch
 
-from . import calls, jit, trees
+from coursekit import jit, trees
+
+from . import calls
 from .check import GradeFailure
 
 # Every perf case measured in this process; conftest writes them out for `./course bench`.

@@ -37,7 +37,9 @@ from typing import Callable
 import pytest
 import torch
 
-from . import calls, jit, perf, trees
+from coursekit import jit, trees
+
+from . import calls, perf
 from .check import dtype_name, first_line
 
 MiB, GiB = 2**20, 2**30

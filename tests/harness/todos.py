@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from . import trees
+from coursekit import trees
 
 MARK = "tasks"
 REFERENCE_MARK = "reference_check"

@@ -1,7 +1,8 @@
 """./course: serve the site, grade labs, build, benchmark, regenerate labs, diagnose.
 
 Runs under any python3 >= 3.9 with only the standard library; the commands that
-need torch or mkdocs run them in the python that has them (tools/course/env.py).
+need torch or mkdocs run them in the python that has them (coursekit/env.py). The ./course launcher puts the
+repository root on PYTHONPATH (coursekit/__init__.py), for this process and every one it starts.
 """
 from __future__ import annotations
 
@@ -19,16 +20,15 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import env  # noqa: E402
-import labgen  # noqa: E402
-import report  # noqa: E402
-import runner  # noqa: E402
-import sanitizer  # noqa: E402
-import sweep_cmd  # noqa: E402
+import labgen
+import report
+import runner
+import sanitizer
+import sweep_cmd
 
-trees = env.load_trees()
+from coursekit import env, trees
+
+HERE = Path(__file__).resolve().parent
 ROOT = trees.ROOT
 DEFAULT_DEADLINE_S = 600  # per lab: a hung kernel is killed after this and reported as such
 # The course's own tests (test_course_*.py) build a mutant of every lab, and each of lab 09's compiles
@@ -389,8 +389,16 @@ def cmd_build(args) -> int:
     lab = trees.find_lab(args.lab)  # a wrong lab or tree fails here, before torch is imported
     command = [python, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number,
                "--impl", _impl(args.impl), *(["-v"] if args.verbose else []), *(["--clean"] if args.clean else [])]
-    path = os.pathsep.join(p for p in (str(trees.TESTS), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=path)).returncode
+    return subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=trees.pythonpath(
+        os.environ.get("PYTHONPATH")))).returncode
+
+
+def cmd_run(args) -> int:
+    """A Python script (a probe, a measurement script) in the python the tests run in, with the course's import roots
+    on PYTHONPATH (coursekit, harness, the graders: trees.IMPORT_ROOTS), from the caller's folder."""
+    python = env.python_for("test")
+    environment = dict(os.environ, PYTHONPATH=trees.pythonpath(os.environ.get("PYTHONPATH")))
+    return subprocess.run([python, args.script, *args.args], env=environment).returncode
 
 
 def cmd_bench(args) -> int:
@@ -758,6 +766,10 @@ def main(argv=None) -> int:
                    help="show the compiler commands and ptxas's register/smem report")
     p.add_argument("--clean", action="store_true", help="delete the build dir first (a cold build)")
     bench_flags(add("bench", "time a lab's kernels against PyTorch on this GPU; print a table", cmd_bench), impl_help)
+    p = add("run", "run a Python script (a probe under site/data/evidence/ or tools/gpu/) in the test python, with the "
+            "course's modules importable (coursekit, harness, the graders)", cmd_run)
+    p.add_argument("script", help="the script's path")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments, passed as they are (--help included)")
     p = add("labs", "regenerate labs/ from solutions/ (files a student edited are kept unless --force)", cmd_labs)
     p.add_argument("--check", action="store_true", help="fail if labs/ is stale; write nothing")
     p.add_argument("--force", action="store_true", help="overwrite lab files even where they were edited")

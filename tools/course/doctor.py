@@ -61,7 +61,6 @@ class Probe:
 
     def memory(self) -> tuple[int, float | None]:
         """The cores this process may use and the GiB of memory free to it (None if unknown)."""
-        sys.path.insert(0, str(Path(__file__).parent))
         import runner
 
         return runner.usable_cores(), runner.available_memory_gib()
@@ -200,14 +199,11 @@ def compile_memory_check(probe: Probe) -> tuple[str, bool, str]:
 
 
 def cutlass_check(root: Path) -> tuple[str, bool, str]:
-    """Lab 10's CUTLASS headers (tools/course/cutlass.py). Not installed yet is no problem: the lab's first build
+    """Lab 10's CUTLASS headers (coursekit/cutlass.py). Not installed yet is no problem: the lab's first build
     installs them (from .whl/ or PyPI); only a COURSE_CUTLASS_INCLUDE that points at no CUTLASS is."""
-    import importlib.util
+    from coursekit import cutlass
 
-    spec = importlib.util.spec_from_file_location("course_cutlass", root / "tools" / "course" / "cutlass.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    ok, line = module.check()
+    ok, line = cutlass.check()
     misconfigured = not ok and "COURSE_CUTLASS_INCLUDE" in line
     # Measured on a 2-core machine (NOTES of lab 10): its CUTLASS file alone peaks at 3.7 GB, beyond GIB_PER_COMPILE.
     return ("CUTLASS (lab 10)", not misconfigured, line + "; its kernel file's compile peaks at about 3.7 GB")
@@ -246,7 +242,7 @@ def main(root: Path, trees, env, remove_locks: bool = False) -> int:
     for what, ok, detail in checks(root, trees, env):
         problems += not ok
         print(f"{'ok ' if ok else 'FIX'}  {what:<20} {detail}")
-    simulated = os.environ.get("COURSE_TARGET_ARCH", "").strip()  # harness/jit.py: TARGET_ARCH_ENV
+    simulated = os.environ.get("COURSE_TARGET_ARCH", "").strip()  # coursekit/jit.py: TARGET_ARCH_ENV
     facts = Probe().torch_facts(env) if not simulated else {}
     capability = simulated or facts.get("cc")
     if capability:

@@ -496,7 +496,7 @@ def profile(python: str, lab, impl: str, *, kernel: str | None = None, select: s
 def build(python: str, lab, impl: str) -> int:
     """Compile the lab as the grader does (outside ncu, so the compilers are not traced)."""
     command = [python, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number, "--impl", impl]
-    path = os.pathsep.join(p for p in (str(runner.trees.TESTS), os.environ.get("PYTHONPATH")) if p)
+    path = runner.trees.pythonpath(os.environ.get("PYTHONPATH"))
     return subprocess.run(command, cwd=runner.trees.ROOT, env=dict(os.environ, PYTHONPATH=path)).returncode
 
 

@@ -31,10 +31,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import env
+from coursekit import trees
 
 # The line comment of each file type that may hold solution markers (.ipynb: per cell, as .py).
-COMMENT = {**dict.fromkeys(env.load_trees().CXX_SUFFIXES, "//"), ".py": "#"}
+COMMENT = {**dict.fromkeys(trees.CXX_SUFFIXES, "//"), ".py": "#"}
 BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>//|#)\s*SOLUTION BEGIN\s+(?P<task>lab\d\d\.\d+)\s*:\s*(?P<text>.*)$")
 STUB = re.compile(r"^\s*(//|#)\s*SOLUTION STUB\s*$")
 STUB_LINE = re.compile(r"^(?P<indent>\s*)(//|#) ?(?P<code>.*?)\n?$")

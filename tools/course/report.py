@@ -14,11 +14,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import env
 import labgen
 import sanitizer
 
-trees = env.load_trees()
+from coursekit import trees
+
 _COLOUR = sys.stdout.isatty()
 _CODES = {"PASS": "32", "FAIL": "31", "SKIP": "33", "ERROR": "31"}
 # Every lab's grader starts with this test: the lab compiles and imports. When it fails, the lab

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import env
+from coursekit import trees
 
-trees = env.load_trees()
 PROGRESS_EVERY_S = 15  # a quiet build of the wrapper takes tens of seconds on a laptop
 
 

@@ -11,8 +11,9 @@ import shutil
 import time
 from pathlib import Path
 
-import env
 import runner
+
+from coursekit import jit, trees
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # What the sanitizer runs: the correctness cases, not the timings (100x slower under it) or the notebook.
@@ -208,10 +209,9 @@ def lab_kernels(lab_number: str, impl: str) -> list[str]:
     (depends.txt); the sanitizer checks these only.
     Read from the sources, so a student's extra kernel is checked too. Empty (check everything) if the tree or the
     lab cannot be found."""
-    trees = env.load_trees()
     try:
         folder = trees.find_lab(lab_number).dir_in(trees.resolve_tree(impl))
-        folders = [folder, *env.load_jit().lab_dependencies(folder)] if folder.is_dir() else []
+        folders = [folder, *jit.lab_dependencies(folder)] if folder.is_dir() else []
     except (KeyError, FileNotFoundError):  # no such lab or tree, or a depends.txt naming a missing folder
         return []
     names: set[str] = set()

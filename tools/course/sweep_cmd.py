@@ -49,7 +49,7 @@ def run_child(python: str, trees, lab, impl: str, out: Path, *, deadline_s: int,
     budget = max(1, int(deadline_s * SWEEP_BUDGET_FRACTION))
     child = [python, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.sweep", lab.number, "--out", str(out),
              "--budget-s", str(budget), "--command", command, *(["--ops", ops] if ops else [])]
-    path = os.pathsep.join(p for p in (str(trees.TESTS), os.environ.get("PYTHONPATH")) if p)
+    path = trees.pythonpath(os.environ.get("PYTHONPATH"))
     environment = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", **{trees.IMPL_ENV: impl})
     try:  # where this process prints: stderr under `--json -`, whose stdout is the JSON's
         stdout = sys.stdout.fileno()

@@ -1,6 +1,6 @@
 """Writes tools/gpu/lab05-epilogue-variants.txt (lab 05's mma.sync epilogue, issue 16 item 3) and checks each variant.
 
-    python3 tools/gpu/lab05_epilogue_variants.py [--ptxas] [--sass] [--plant]
+    ./course run tools/gpu/lab05_epilogue_variants.py [--ptxas] [--sass] [--plant]
 
 Why: at M = N = 8192, K = 64 the fused kernel took 0.246 ms against gelu(addmm)'s 0.150 on an H100 (NOTES.md@8a81008,
 2026-11-27), its output leaving at 18% of copy bandwidth. Two things in the reference's epilogue are candidates
@@ -234,8 +234,7 @@ def main() -> None:
         print(check_layout(warp_n))
     if not {"--ptxas", "--sass", "--plant"} & set(sys.argv):
         return
-    sys.path.insert(0, str(ROOT / "tests"))
-    from harness import trees
+    from coursekit import trees
     from harness.mutants import plant
     lab = trees.find_lab("05")
     if "--plant" in sys.argv:  # where variants.py plants them: the probes and ./course take these paths

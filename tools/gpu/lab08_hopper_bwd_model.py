@@ -1,7 +1,7 @@
 """A CPU model of lab 08's Hopper backward (solutions/08-flash-attention/flash_backward_hopper.cu): its data path
 replayed element by element, in float64, against a float64 attention backward.
 
-    .venv/bin/python tools/gpu/lab08_hopper_bwd_model.py        # a few seconds; exit status 1 on a mismatch
+    .venv/bin/./course run tools/gpu/lab08_hopper_bwd_model.py        # a few seconds; exit status 1 on a mismatch
 
 What is modelled, and from where (nothing here ran on a GPU):
   - shared memory as an array of 16-bit slots indexed by byte address / 2, from the kernel's own 1024-aligned carve-up;

@@ -1,8 +1,9 @@
 """Time variants of a reference solution on the GPU box, to choose between them.
 
-    python3 tools/gpu/variants.py 02 'rows4:transpose.cu:kBlockRows = 8;:kBlockRows = 4;' ...
+    ./course run tools/gpu/variants.py 02 'rows4:transpose.cu:kBlockRows = 8;:kBlockRows = 4;' ...
 
-    python3 tools/gpu/variants.py 08 --run 'python3 tools/gpu/probe/lab08_hopper_bwd.py --quick --impl {tree}' @F
+    ./course run tools/gpu/variants.py 08 --run 'python3 tools/gpu/probe/lab08_hopper_bwd.py --quick --impl {tree}' @F
+        (--run's command inherits ./course's PYTHONPATH, so a plain python3 imports coursekit and harness)
 
 Each variant is NAME:FILE:OLD:NEW (or @FILE with one such spec per line) (OLD must occur once in FILE; '\\n' allowed);
 several edits for one variant are joined with '|'. Each variant is built as a submission and
@@ -21,8 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import trees  # noqa: E402
+from coursekit import trees  # noqa: E402
 from harness.mutants import plant  # noqa: E402
 
 

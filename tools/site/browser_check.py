@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the built course site the way a reader meets it: in a real (headless) browser.
 
-    python3 tools/site/browser_check.py [SITE] [--out build/site-check] [--chromium PATH]
+    ./course run tools/site/browser_check.py [SITE] [--out build/site-check] [--chromium PATH]
 
 Needs only the Python standard library and chromium (`apt-get install -y chromium`); the
 browser plumbing is tools/site/devtools.py. It builds nothing: build the site first
@@ -35,7 +35,6 @@ Exit status 0 when everything passed, 1 on any failure, 2 when it could not run 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import posixpath
 import re
 import sys
@@ -47,20 +46,8 @@ from urllib.parse import unquote, urlsplit
 
 from devtools import INSTALL_HINT, Browser, Session, find_chromium, serve
 
+from coursekit import trees
 
-def _load_trees():
-    """tests/harness/trees.py, the one module that knows the repository's paths, loaded by file
-    path like tools/course/env.py does (the tests.harness package would import torch)."""
-    module = sys.modules.get("course_trees")
-    if module is None:
-        spec = importlib.util.spec_from_file_location(
-            "course_trees", Path(__file__).resolve().parents[2] / "tests" / "harness" / "trees.py")
-        module = sys.modules["course_trees"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
-
-
-trees = _load_trees()
 LESSON = re.compile(r"^(\d\d-[a-z0-9-]+)(?:/index\.html|\.html)$")
 WIDTH, HEIGHT = 1280, 2000
 

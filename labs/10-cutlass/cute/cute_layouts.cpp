@@ -1,11 +1,11 @@
-// Lab skeleton generated from solutions/10-cutlass/cute/cute_layouts.cpp by `./course labs` [lab-hash 5446df2b5f6c].
+// Lab skeleton generated from solutions/10-cutlass/cute/cute_layouts.cpp by `./course labs` [lab-hash d8da1036f88e].
 // Students: fill in the TODO(lab10.k) blocks, then run `./course grade 10`.
 // Instructors: edit the solution file instead, then run `./course labs`.
 // Lesson 05's layouts written as CuTe layouts (lesson 10, the CuTe reading). Host-only: CuTe's layout
 // algebra is constexpr integer arithmetic, and print_layout runs on the CPU, so this builds with the host
 // compiler (through nvcc, which adds CUDA's and CCCL's include folders) and needs no GPU.
 //
-//   nvcc -std=c++17 -O1 -I<cutlass>/include cute_layouts.cpp -o cute_layouts   (tools/course/cutlass.py --flags)
+//   nvcc -std=c++17 -O1 -I<cutlass>/include cute_layouts.cpp -o cute_layouts   (python3 -m coursekit.cutlass --flags)
 //   ./cute_layouts            the tables, for the page
 //   ./cute_layouts --dump     one line per element, for tests/grader10/cute_layouts.py, which checks each one
 //                             against lesson 05's own functions (solutions/05-tensor-cores/mma.cuh)

@@ -1,12 +1,13 @@
 """The course_ops wheel: lab 09's op library built with setuptools and torch's CUDAExtension.
 
+    export PYTHONPATH=$PWD   # from the repository root: setup.py imports coursekit
     pip wheel --no-build-isolation --no-deps -w build/wheel/solutions/dist solutions/09-custom-ops/package
     pip install --no-build-isolation solutions/09-custom-ops/package     # or labs/09-custom-ops/package
 
 Then `import course_ops` registers torch.ops.course.* (course_ops/__init__.py).
 
 What is compiled: the lab folder's own sources (ops.cpp), the sources of the labs its depends.txt names
-without their module.cpp, read by tests/harness/jit.py's functions (the grader's JIT build and the CMake
+without their module.cpp, read by coursekit/jit.py's functions (the grader's JIT build and the CMake
 build read the same file: no second list here), and pyinit_stub.cpp. With the grader's flags, for sm_90a
 unless TORCH_CUDA_ARCH_LIST says otherwise; MAX_JOBS caps ninja's parallel compiles (torch's
 BuildExtension reads it). ops.py and block.py are not copied into this folder: the build copies them from
@@ -19,7 +20,6 @@ the graded tree's own, and COURSE_ROOT to the course checkout when the tree is a
 """
 import importlib.metadata
 import os
-import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -28,7 +28,7 @@ from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
 LAB = HERE.parent  # <tree>/09-custom-ops
-# The course checkout (include/, tests/harness/jit.py): this folder's grandparent's parent, unless the grader builds
+# The course checkout (include/): this folder's grandparent's parent, unless the grader builds
 # a submission stored elsewhere and says where the course is.
 ROOT = Path(os.environ.get("COURSE_ROOT") or HERE.parents[2])
 BUILD_BASE = Path(os.environ.get("COURSE_WHEEL_BUILD", ROOT / "build" / "wheel" / LAB.parent.name))
@@ -36,8 +36,10 @@ BUILD_BASE.mkdir(parents=True, exist_ok=True)  # setuptools refuses an egg_base 
 # The lab's Python files that go into the package as course_ops.ops and course_ops.block.
 LAB_MODULES = ["ops.py", "block.py"]
 
-sys.path.insert(0, str(ROOT / "tests" / "harness"))
-import jit  # noqa: E402  (the grader's build rules: sources, depends.txt, flags; standard library only)
+# The grader's build rules (sources, depends.txt, flags; standard library only). The course's root is on PYTHONPATH:
+# the grader puts it there for the builds it starts (coursekit.trees.pythonpath), ./course for its children; by hand,
+# from the repository root: PYTHONPATH=$PWD pip wheel ...
+from coursekit import jit  # noqa: E402
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # one target: the course's GPU, and a short build
 jit.drop_python_rpath()  # no RUNPATH naming this machine's python: the library links no libpython

@@ -1,7 +1,8 @@
 """The stable-ABI wheel of lesson 06's bias + GELU: one binary for every torch from 2.10 on, any CPython >= 3.10.
 
+    export PYTHONPATH=$PWD   # from the repository root: setup.py imports coursekit
     pip wheel --no-build-isolation --no-deps -w build/stable-abi/dist solutions/09-custom-ops/stable
-    (or: python solutions/09-custom-ops/stable/stable_tools.py wheel, which also brings bdist_wheel)
+    (or: ./course run solutions/09-custom-ops/stable/stable_tools.py wheel, which also brings bdist_wheel)
 
 --no-build-isolation: the build compiles against the torch already installed (with build isolation pip
 would download another, pyproject.toml). The library is built for sm_90a unless TORCH_CUDA_ARCH_LIST says
@@ -21,23 +22,23 @@ too (registration and fake tensors need no GPU). The one CUDA-only shim function
 stream's getter, is looked up at run time (bias_gelu_stable.cpp says why).
 """
 import os
-import sys
 from pathlib import Path
 
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
 HERE = Path(__file__).resolve().parent
-# The course checkout (include/, tests/harness/jit.py): this folder's grandparent's parent, unless the grader builds
+# The course checkout (include/): this folder's grandparent's parent, unless the grader builds
 # a submission stored elsewhere and says where the course is.
 ROOT = Path(os.environ.get("COURSE_ROOT") or HERE.parents[2])
 LESSON06 = HERE.parents[1] / "06-fused-elementwise"  # lesson 06 of the same tree (solutions/ or labs/)
 BUILD_BASE = Path(os.environ.get("COURSE_STABLE_BUILD", ROOT / "build" / "stable-abi"))
 BUILD_BASE.mkdir(parents=True, exist_ok=True)  # setuptools refuses an egg_base that does not exist
 
-# The grader's compiler flags (tests/harness/jit.py), so this build compiles lesson 06 as the grader does.
-sys.path.insert(0, str(ROOT / "tests" / "harness"))
-import jit  # noqa: E402
+# The grader's compiler flags (coursekit/jit.py), so this build compiles lesson 06 as the grader does. The course's
+# root is on PYTHONPATH: stable_tools.py puts it there for the build (coursekit.trees.pythonpath); by hand, from the
+# repository root: PYTHONPATH=$PWD pip wheel ...
+from coursekit import jit  # noqa: E402
 
 os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")  # one target keeps the build (and CI) short
 jit.drop_python_rpath()  # no RUNPATH naming this machine's python: the library links no libpython

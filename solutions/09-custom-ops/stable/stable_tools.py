@@ -1,33 +1,35 @@
 """The stable-ABI wheel's build, and a second torch to load it in.
 
-    cd solutions/09-custom-ops/stable
-    python stable_tools.py wheel          # builds (or reuses) the wheel, prints its path (--force: rebuild)
-    python stable_tools.py second-torch   # makes (or reuses) torch 2.10's venv, prints its python
-    python stable_tools.py check          # both, then check_registration.py under each torch (JSON)
+    ./course run solutions/09-custom-ops/stable/stable_tools.py wheel         # builds (or reuses) the wheel, prints
+                                                                              # its path (--force: rebuild)
+    ./course run solutions/09-custom-ops/stable/stable_tools.py second-torch  # makes (or reuses) torch 2.10's venv,
+                                                                              # prints its python
+    ./course run solutions/09-custom-ops/stable/stable_tools.py check         # both, then check_registration.py under
+                                                                              # each torch (JSON)
 
-Only the standard library here: the second torch's python imports nothing of it.
+Only the standard library here, and the course's core (coursekit, from the root ./course run or the grader puts on
+PYTHONPATH): the second torch's python imports nothing of it.
 
 The wheel: `pip wheel --no-build-isolation` of a tree's stable/ folder (this one from the command line; the graded
 tree's when tests/grader09/stable_abi.py builds it), into build/stable-abi/<tree tag>/09-custom-ops/, the tree's own
-folder (tests/harness/trees.py: Lab.build_dir), so concurrent grading runs of different trees never share one.
-There, under the folder's lock (tests/harness/folders.py), the wheel is made in a partial folder and renamed to
+folder (coursekit/trees.py: Lab.build_dir), so concurrent grading runs of different trees never share one.
+There, under the folder's lock (coursekit/folders.py), the wheel is made in a partial folder and renamed to
 dist-<key>, the key a hash of every file it is made from: a dist-<key> that exists is whole and current, and a
 changed source makes another. setuptools 65 (the main venv's) has no bdist_wheel of its own: the `wheel` package
 provides it, installed with pip --target into the course's cache, not into the venv.
 
-The second torch: a virtualenv in the course's cache (tools/course/env.py's cache_dir(), loaded from
-there, not copied), outside the clone, keyed by the python version, the torch version and the index, so
-a warm machine makes it once; from the same base python as the one running this. A stamp written after
-pip succeeds marks it complete, so a half-made one is made again. The index: PyPI by default, whose
-Linux torch wheels are CUDA builds (2.10.0: CUDA 12.8, 6.9 GB installed with its nvidia-* wheels, 3 min
-here); COURSE_SECOND_TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU-only build where
-that index is reachable. Either imports on a machine with no GPU, all the check needs.
+The second torch: a virtualenv in the course's cache (coursekit/env.py's cache_dir()), outside the clone,
+keyed by the python version, the torch version and the index, so a warm machine makes it once; from the same
+base python as the one running this. A stamp written after pip succeeds marks it complete, so a half-made one
+is made again. The index: PyPI by default, whose Linux torch wheels are CUDA builds (2.10.0: CUDA 12.8, 6.9 GB
+installed with its nvidia-* wheels, 3 min here);
+COURSE_SECOND_TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU-only build where that index is
+reachable. Either imports on a machine with no GPU, all the check needs.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
@@ -37,8 +39,11 @@ import time
 import venv
 from pathlib import Path
 
+from coursekit import env as course_env
+from coursekit import folders, trees
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = trees.ROOT  # the course checkout (include/, coursekit/), whichever tree this file is in
 CHECK_SCRIPT = HERE / "check_registration.py"
 # The files of a tree's stable/ folder that the wheel is made from: given code (no TODO), which a submission keeps.
 GIVEN_FILES = ("setup.py", "pyproject.toml", "bias_gelu_stable.cpp", "course_stable_ops/__init__.py")
@@ -51,19 +56,6 @@ SECOND_TORCH = os.environ.get("COURSE_SECOND_TORCH", "2.10.0")
 SECOND_TORCH_INDEX = os.environ.get("COURSE_SECOND_TORCH_INDEX", "")
 
 
-def _course_env():
-    """tools/course/env.py, loaded by path (tools/ is not a package); it imports no torch."""
-    module = sys.modules.get("course_env")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("course_env", ROOT / "tools" / "course" / "env.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["course_env"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-_course_env()  # now, on import, with the modules it loads: the grader's threads then find them whole
-
 
 def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -71,14 +63,13 @@ def _key(text: str) -> str:
 
 def default_build_dir(source_dir: Path = HERE) -> Path:
     """The build folder of the tree that holds `source_dir` (its 09-custom-ops/stable): the grader's for it."""
-    trees = _course_env().load_trees()
     return trees.find_lab("09").build_dir(trees.resolve_tree(str(Path(source_dir).resolve().parents[1])),
                                           "stable-abi")
 
 
 def wheel_sources(source_dir: Path) -> list[tuple[str, Path]]:
     """(name, file) of everything the wheel is made from: the given files of `source_dir`, lesson 06's kernel
-    sources of the same tree, the course's headers, and tests/harness/jit.py (setup.py's compiler flags)."""
+    sources of the same tree, the course's headers, and coursekit/jit.py (setup.py's compiler flags)."""
     lesson06 = source_dir.parents[1] / LESSON06
     if not (lesson06 / "forward.cu").is_file():
         raise FileNotFoundError(f"{lesson06 / 'forward.cu'} is missing: the stable-ABI wheel compiles lesson 06's "
@@ -86,7 +77,7 @@ def wheel_sources(source_dir: Path) -> list[tuple[str, Path]]:
     named = [(f"stable/{name}", source_dir / name) for name in GIVEN_FILES]
     named += [(f"{LESSON06}/{p.name}", p) for p in sorted(lesson06.iterdir()) if p.suffix in KERNEL_SUFFIXES]
     named += [(str(p.relative_to(ROOT)), p) for p in sorted((ROOT / "include").rglob("*")) if p.is_file()]
-    named.append(("tests/harness/jit.py", ROOT / "tests" / "harness" / "jit.py"))
+    named.append(("coursekit/jit.py", ROOT / "coursekit" / "jit.py"))
     return named
 
 
@@ -94,7 +85,7 @@ def wheel_key(source_dir: Path) -> str:
     """What names a build of the wheel: its sources' bytes, the torch it compiles against, the GPU target."""
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_ARCH
     salt = f"torch {importlib.metadata.version('torch')} arch {arch} python {sys.version_info[:2]}"
-    return _course_env().load_folders().content_key(wheel_sources(source_dir), salt)
+    return folders.content_key(wheel_sources(source_dir), salt)
 
 
 def _wheel_in(folder: Path) -> Path | None:
@@ -107,7 +98,6 @@ def build_wheel(source_dir: Path = HERE, build_dir: Path | None = None, force: b
     """The wheel of `source_dir` (a tree's 09-custom-ops/stable), built unless build_dir holds one of the same
     sources; and the build's seconds (None when reused). build_dir: default_build_dir(source_dir). jobs: ninja's
     parallel compiles (MAX_JOBS), 2 unless set."""
-    folders = _course_env().load_folders()
     source_dir = Path(source_dir).resolve()
     build_dir = Path(build_dir or default_build_dir(source_dir))
     folders.require_given_files(source_dir, GIVEN_FILES, "the stable-ABI wheel", "labs/09-custom-ops/stable/")
@@ -133,7 +123,9 @@ def build_wheel(source_dir: Path = HERE, build_dir: Path | None = None, force: b
 def _pip_wheel(source_dir: Path, out: Path, build_dir: Path, jobs: int | None) -> float:
     """pip wheel of source_dir into `out`, its intermediate files in build_dir/build; the seconds it took."""
     env = dict(os.environ, COURSE_STABLE_BUILD=str(build_dir / "build"), COURSE_ROOT=str(ROOT))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_course_env().bdist_wheel_path(), env.get("PYTHONPATH")]))
+    # setup.py imports coursekit (the course's root on PYTHONPATH); setuptools 65 has no bdist_wheel of its own
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [course_env.bdist_wheel_path(),
+                                                      trees.pythonpath(env.get("PYTHONPATH"))]))
     env.setdefault("MAX_JOBS", str(jobs or 2))
     env["PYTHONWARNINGS"] = "ignore::FutureWarning"  # wheel's bdist_wheel says setuptools >= 70.1 has its own
     start = time.perf_counter()
@@ -152,7 +144,7 @@ def second_torch_dir(version: str = SECOND_TORCH, index: str = SECOND_TORCH_INDE
     tag = "cpu" if index.rstrip("/").endswith("/cpu") else "pypi"
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
     key = _key(f"torch=={version}\n{index}")
-    return _course_env().cache_dir() / f"venv-torch{version}-{tag}-{py}-{key}"
+    return course_env.cache_dir() / f"venv-torch{version}-{tag}-{py}-{key}"
 
 
 def second_torch(version: str = SECOND_TORCH, index: str = SECOND_TORCH_INDEX) -> Path:
@@ -176,7 +168,6 @@ def second_torch(version: str = SECOND_TORCH, index: str = SECOND_TORCH_INDEX) -
 def install_wheel(wheel: Path, python: str | Path, build_dir: Path) -> Path:
     """The wheel installed with `python`'s pip (--no-deps: that python's torch is the one tested) into
     build_dir/site-<python>-<wheel>, made once under the folder's lock and renamed into place whole."""
-    folders = _course_env().load_folders()
     prefix = f"site-{_key(str(python))}-"
     target = build_dir / f"{prefix}{hashlib.sha256(Path(wheel).read_bytes()).hexdigest()[:12]}"
     with folders.exclusive(build_dir):

@@ -1,7 +1,7 @@
 """Whether where a tensor lands in GPU memory changes how fast it streams: the same copy from many 256 MiB tensors.
 
-    python3 tools/gpu/probe/alloc_speed.py [--tensors 24] [--churn | --fragment]   (JSON: $OUT/alloc-speed*.json)
-    python3 tools/gpu/probe/alloc_speed.py --after-free GIB [--keep]   (JSON: $OUT/alloc-speed-after-free-*.json)
+    ./course run tools/gpu/probe/alloc_speed.py [--tensors 24] [--churn | --fragment]   (JSON: $OUT/alloc-speed*.json)
+    ./course run tools/gpu/probe/alloc_speed.py --after-free GIB [--keep]   (JSON: $OUT/alloc-speed-after-free-*.json)
 
 Why: in some processes every kernel that reads one perf case's inputs ran 13-17% slower on an H100 at 1980 MHz
 (lab 07's graph-timed forward + backward: 0.537 / 0.575 ms against 0.460 / 0.508 in another process; the forward vs

@@ -1,7 +1,7 @@
 """Whether a kernel with a large shared-memory footprint slows the memory-bound kernels that run after it.
 
-    python3 tools/gpu/probe/carveout.py                            (JSON: $OUT/carveout.json)
-    python3 tools/gpu/probe/carveout.py --huge alloc|on_chip|streaming
+    ./course run tools/gpu/probe/carveout.py                            (JSON: $OUT/carveout.json)
+    ./course run tools/gpu/probe/carveout.py --huge alloc|on_chip|streaming
 
 Why: lab 07's first perf case (forward vs copy) read 0.213 ms, both sides, after the grader's past-2^31 cases in the
 same process, and 0.183 ms without them; of those cases, exactly the three whose kernels take 128-227 KiB of shared
@@ -28,8 +28,7 @@ import torch
 from torch.utils.cpp_extension import load_inline
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit  # noqa: E402
+from coursekit import jit  # noqa: E402
 
 RESET = r"""
 #include <cuda_runtime.h>

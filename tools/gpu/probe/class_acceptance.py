@@ -1,10 +1,12 @@
 """Issue 34's class acceptance, on the GPU box: the unmodified solutions of every lab as three students each, graded
 as a class; every student must score full points with no failed test.
 
-    python3 tools/gpu/probe/class_acceptance.py make [STUDENTS]      build/class-acceptance/s1..sN, copies of solutions/
-    python3 tools/gpu/probe/class_acceptance.py grade [--jobs N] [--shard I/N] [--labs "00 01"]
+    ./course run tools/gpu/probe/class_acceptance.py make [STUDENTS]
+        build/class-acceptance/s1..sN, copies of solutions/
+    ./course run tools/gpu/probe/class_acceptance.py grade [--jobs N] [--shard I/N] [--labs "00 01"]
                                                                       ./course grade --all over them: $OUT/class-*.json
-    python3 tools/gpu/probe/class_acceptance.py check CLASS.json [...]   each student x lab: points, failures, where the
+    ./course run tools/gpu/probe/class_acceptance.py check CLASS.json [...]
+        each student x lab: points, failures, where the
                                                                       time went; exit 1 unless every one is full
 
 One device call holds 10 minutes: a whole class (33 runs, each lab's cold build, every perf case one at a time) does
@@ -14,10 +16,10 @@ GPU): its not-checked and retried rows are listed.
 
 A whole class in one go, across device calls (a machine stays warm between calls made within its idle window):
 
-    python3 tools/gpu/probe/class_acceptance.py start [STUDENTS] [--modes "14 default"] [--labs "00 01"]
+    ./course run tools/gpu/probe/class_acceptance.py start [STUDENTS] [--modes "14 default"] [--labs "00 01"]
         copies the checkout to /tmp/class-acceptance/repo and grades the class there, unsharded, once per mode
         (--jobs 14, then the default --jobs), detached from the call (setsid): it outlives the call that started it
-    python3 tools/gpu/probe/class_acceptance.py wait SECONDS
+    ./course run tools/gpu/probe/class_acceptance.py wait SECONDS
         waits until that is done (at most SECONDS), prints the log and each mode's check, packs results and logs
         into $OUT/class.tgz
 

@@ -1,9 +1,11 @@
 """Issue 19's bar, measured: a class of 16 submissions of lab 00 graded one after another and with --jobs.
 
-    python3 tools/gpu/probe/class_scale.py seq          grade with --jobs 1: $OUT/class-seq.json (+ seconds)
-    python3 tools/gpu/probe/class_scale.py jobs [N]     grade with --jobs N (default: ./course's): $OUT/class-jobs.json
-    python3 tools/gpu/probe/class_scale.py seq --shard I/N   the I-th of N slices with --jobs 1: $OUT/class-seq-I.json
-    python3 tools/gpu/probe/class_scale.py compare A [A2 ...] B
+    ./course run tools/gpu/probe/class_scale.py seq          grade with --jobs 1: $OUT/class-seq.json (+ seconds)
+    ./course run tools/gpu/probe/class_scale.py jobs [N]
+        grade with --jobs N (default: ./course's): $OUT/class-jobs.json
+    ./course run tools/gpu/probe/class_scale.py seq --shard I/N
+        the I-th of N slices with --jobs 1: $OUT/class-seq-I.json
+    ./course run tools/gpu/probe/class_scale.py compare A [A2 ...] B
                                                         the sequential report (or its shards: their seconds added,
                                                         their students joined) against --jobs's B: speed-up, same
                                                         outcomes, perf differences
@@ -34,11 +36,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools" / "course"))
 import runner  # noqa: E402  (tools/course: the phases and the breakdown line ./course grade --all prints)
 
-from harness import mutants, trees  # noqa: E402
+from coursekit import trees  # noqa: E402
+from harness import mutants  # noqa: E402
 
 LAB = trees.find_lab("00")
 LOOP = ("  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {\n"

@@ -1,6 +1,6 @@
 """Lab 08's Hopper forward (flash_forward_hopper.cu) on the GPU box: correctness, then speed, one process.
 
-    timeout 170 python3 tools/gpu/probe/lab08_hopper.py [--quick] [--skip-perf] [--impl solutions]
+    timeout 170 ./course run tools/gpu/probe/lab08_hopper.py [--quick] [--skip-perf] [--impl solutions]
 
 Builds lab 08 (the solutions tree unless --impl says otherwise; TORCH_CUDA_ARCH_LIST=9.0a on an H100/H200).
 Correctness: both Hopper pipelines (path='hopper_simple', 'hopper_overlap') on the grader's shapes (test_08's
@@ -10,7 +10,7 @@ outputs from a poisoned pool; path='auto' must give the Hopper kernel's bits. On
 "FAIL <path> <case>: <why>". A CUDA error stops the correctness pass (the context is lost) and skips the timings.
 Speed: (8, 16, 4096 and 8192, 64 and 128) bfloat16, causal and not: the Hopper kernel (both pipelines), rung 3
 (path='portable'), SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backends; CUDA events, warm-up, median
-(harness.jit.interleaved_median_ms), TFLOP/s counting 4 B H Sq Sk D (halved when causal) and ratios. --quick: a
+(coursekit.jit.interleaved_median_ms), TFLOP/s counting 4 B H Sq Sk D (halved when causal) and ratios. --quick: a
 subset that runs in about a minute. Results also go to $OUT/lab08_hopper.json when OUT is set.
 """
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -32,14 +31,14 @@ def main() -> int:
     parser.add_argument("--impl", default="solutions", help="the tree to build (default: solutions)")
     args = parser.parse_args()
     os.environ["COURSE_IMPL"] = args.impl  # the grader's LAB handle (check_forward's tiles) is this build
-    sys.path.insert(0, str(ROOT / "tests"))
     import torch
     from grader08 import common as T
 
     import harness
-    from harness import build, trees
+    from coursekit import trees
+    from coursekit.jit import interleaved_median_ms
+    from harness import build
     from harness.attention import make_qkv
-    from harness.jit import interleaved_median_ms
 
     started = time.perf_counter()
     lab = trees.find_lab("08")

@@ -1,6 +1,6 @@
 """Lab 08's Hopper backward (flash_backward_hopper.cu) on the GPU box: correctness, then speed, one process.
 
-    timeout 170 python3 tools/gpu/probe/lab08_hopper_bwd.py [--quick] [--skip-perf] [--impl solutions]
+    timeout 170 ./course run tools/gpu/probe/lab08_hopper_bwd.py [--quick] [--skip-perf] [--impl solutions]
 
 Builds lab 08 (the solutions tree unless --impl says otherwise; TORCH_CUDA_ARCH_LIST=9.0a on an H100/H200).
 Correctness: flash_backward(path='hopper') on the grader's backward shapes (test_08's SMALL_SEQLENS, both 16-bit
@@ -12,7 +12,7 @@ calls (no atomics touch them), and path='auto' must give the Hopper kernel's gra
 Speed: the backward alone (o, lse from the forward, outside the timing) at (8, 16, 4096, d 128) with 16 kv heads,
 causal and not, and at lesson 09's block shape (batch 8, seqlen 2048, 16 query heads, 4 kv heads, d 128, causal):
 path='hopper', path='portable', SDPA's FLASH_ATTENTION and CUDNN_ATTENTION backward (torch.autograd.grad of a
-retained graph, enable_gqa=True); CUDA events, warm-up, median (harness.jit.interleaved_median_ms); TFLOP/s
+retained graph, enable_gqa=True); CUDA events, warm-up, median (coursekit.jit.interleaved_median_ms); TFLOP/s
 counting 2.5 x the forward's 4 B H Sq Sk D (halved when causal). Results also go to $OUT/lab08_hopper_bwd.json
 when OUT is set.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -35,14 +34,14 @@ def main() -> int:
     parser.add_argument("--impl", default="solutions", help="the tree to build (default: solutions)")
     args = parser.parse_args()
     os.environ["COURSE_IMPL"] = args.impl
-    sys.path.insert(0, str(ROOT / "tests"))
     import torch
     from grader08 import common as T
 
     import harness
-    from harness import attention, build, trees
+    from coursekit import trees
+    from coursekit.jit import interleaved_median_ms
+    from harness import attention, build
     from harness.attention import make_qkv
-    from harness.jit import interleaved_median_ms
 
     started = time.perf_counter()
     lab = trees.find_lab("08")

@@ -2,7 +2,7 @@
 (issue 14: "rung timings and the plot on the page"; issue 17's Hopper path, path="hopper_simple", is on it too:
 on a GPU without it that row fails to run and is left out).
 
-    python3 tools/gpu/probe/lab08_seqlen.py [--quick]     (JSON: $OUT/lab08-seqlen.json, else build/)
+    ./course run tools/gpu/probe/lab08_seqlen.py [--quick]     (JSON: $OUT/lab08-seqlen.json, else build/)
 
 Shapes as FlashAttention-2's paper plots them: batch x seqlen = 16384 tokens, 16 heads, head_dim 64 and 128,
 causal and not. The 16-bit rungs and SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends run in bfloat16; the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -25,8 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit  # noqa: E402
+from coursekit import jit  # noqa: E402
 
 TOKENS, HEADS = 16384, 16
 NAIVE_MAX_SEQLEN = 8192

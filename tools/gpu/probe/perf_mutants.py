@@ -1,6 +1,6 @@
 """Where do the student perf bars stand against the perf mutants? (issue 11, class 6)
 
-    .venv/bin/python tools/gpu/probe/perf_mutants.py [LAB ...] [--mutant NAME ...] [--no-reference]
+    .venv/bin/./course run tools/gpu/probe/perf_mutants.py [LAB ...] [--mutant NAME ...] [--no-reference]
                                                       [--build-only] [--jobs N] [--budget SECONDS]
 
 For every perf mutant (harness.Mutant(..., perf=True)) in the MUTANTS of the given labs (default: every lab that
@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import HAS_GPU, mutants, trees  # noqa: E402
+from coursekit import trees  # noqa: E402
+from harness import HAS_GPU, mutants  # noqa: E402
 
 STARTED = time.monotonic()
 REPORTS = trees.BUILD / "mutants"
@@ -55,7 +55,7 @@ def build(lab: trees.Lab, impl: str) -> dict:
     """`./course build LAB --impl IMPL` in its own process: the build the grading process will reuse."""
     command = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "harness.build", lab.number,
                "--impl", impl]
-    path = os.pathsep.join(p for p in (str(trees.TESTS), os.environ.get("PYTHONPATH")) if p)
+    path = trees.pythonpath(os.environ.get("PYTHONPATH"))
     started = time.monotonic()
     try:
         run = subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=path), capture_output=True,

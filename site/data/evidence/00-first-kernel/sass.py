@@ -1,7 +1,8 @@
 """The loads and stores nvcc emitted for a lab's kernels, as an evidence file (lessons 00 and 01 quote them).
 
-    python3 site/data/evidence/00-first-kernel/sass.py 00     # writes site/data/evidence/00-first-kernel/sass.json
-    python3 site/data/evidence/00-first-kernel/sass.py 01     # writes site/data/evidence/01-memory-bandwidth/sass.json
+    ./course run site/data/evidence/00-first-kernel/sass.py 00     # writes site/data/evidence/00-first-kernel/sass.json
+    ./course run site/data/evidence/00-first-kernel/sass.py 01
+        # writes site/data/evidence/01-memory-bandwidth/sass.json
 
 Runs `./course profile NN --impl solutions --sass --json` (a build and cuobjdump -sass: no GPU needed, but the CUDA
 toolkit's cuobjdump and nvdisasm on PATH) and turns its summary into one row per kernel: the instruction count, the

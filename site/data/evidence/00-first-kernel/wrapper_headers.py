@@ -1,6 +1,6 @@
 """How long lab 00's host wrapper takes to compile with the course's few torch headers, and with <torch/extension.h>.
 
-    .venv/bin/python site/data/evidence/00-first-kernel/wrapper_headers.py [--repeat N] [--json FILE]
+    .venv/bin/./course run site/data/evidence/00-first-kernel/wrapper_headers.py [--repeat N] [--json FILE]
 
 Compiles solutions/00-first-kernel/wrapper.cpp with the host compiler and the flags torch.utils.cpp_extension.load
 gives a wrapper (the `compile` rule of the JIT build's build.ninja), twice per round: as it is (course/torch_op.h),

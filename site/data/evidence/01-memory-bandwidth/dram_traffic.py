@@ -1,6 +1,6 @@
 """Lesson 01's DRAM accounting of the three copies, derived from the committed Nsight Compute data.
 
-    python3 site/data/evidence/01-memory-bandwidth/dram_traffic.py      # writes dram_traffic.json beside it
+    ./course run site/data/evidence/01-memory-bandwidth/dram_traffic.py      # writes dram_traffic.json beside it
 
 Reads site/data/profile/01-memory-bandwidth.json (`./course profile 01 --impl solutions --json` on a GPU) and the
 cases' byte counts in site/data/bench/01-memory-bandwidth.json, and writes one row per copy kernel: the bytes DRAM

@@ -1,7 +1,7 @@
 """Lab 02 without its __syncthreads(): how often is the transpose wrong, per shape, with fresh inputs each
 run and with the same input every run? The reference (with the barrier) is the control.
 
-    python3 site/data/evidence/02-shared-memory/nosync.py [RUNS]   (default 2000 runs a small shape; about 1 min)
+    ./course run site/data/evidence/02-shared-memory/nosync.py [RUNS]   (default 2000 runs a small shape; about 1 min)
 
 Lesson 02 (section 2 and exercise 2) quotes its counts from nosync.json beside this file. In a 1 x 31 tile only
 row 0 holds data: warp 0 (threadIdx.y = 0) loads all of it, and the write-out of output rows y + 4j is done by
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT / "tests"))
 
 # The grader's small edge shapes, one full tile, and two large ones (fewer runs: each is many tiles).
 SHAPES = [(1, 31), (31, 33), (1, 1), (32, 32), (33, 4097), (1000, 1000), (16, 1000, 1000)]
@@ -40,7 +39,8 @@ def main() -> None:
 
     import torch
 
-    from harness import build, trees
+    from coursekit import trees
+    from harness import build
     from harness.check import poison_allocator
     from harness.mutants import plant
 

@@ -2,7 +2,7 @@
 memory per kernel, the block size its __launch_bounds__ declares, and the blocks of that size an SM can hold by
 registers and threads. A compile only: no GPU needed.
 
-    python3 site/data/evidence/04-tiled-matmul/ptxas.py [--arch 90] [--write]
+    ./course run site/data/evidence/04-tiled-matmul/ptxas.py [--arch 90] [--write]
 
 Compiles each solutions/04-tiled-matmul/0N_*.cu as `./course build 04 -v` does (nvcc -O3 -std=c++17, the same
 include paths), once to PTX (for .maxntid, the block size) and once with -Xptxas -v (the report). --write stores

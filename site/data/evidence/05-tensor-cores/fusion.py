@@ -1,7 +1,7 @@
 """When does lab 05's fused kernel beat the unfused layer? A K sweep at 8192 x 8192 outputs against the model of
 the lesson's section 1 (tests/test_05_tensor_cores.py, FUSION_SHAPE's comment), on this GPU.
 
-    python3 site/data/evidence/05-tensor-cores/fusion.py [IMPL_DIR]      (default: solutions; one build, then ~30 s)
+    ./course run site/data/evidence/05-tensor-cores/fusion.py [IMPL_DIR]     (default: solutions; one build, then ~30 s)
 
 Measures, in one process: the copy bandwidth BW (harness.perf.copy_bandwidth, the grader's ceiling), cuBLAS's
 bf16 rate R and the fused kernel's fraction r of it at 4096^3 (GELU), so I = R / BW; then for each K at
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/05-tensor-cores/
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import build, perf, trees  # noqa: E402
+from coursekit import trees  # noqa: E402
+from harness import build, perf  # noqa: E402
 
 IMPL = sys.argv[1] if len(sys.argv) > 1 else "solutions"
 lab = trees.find_lab("05")

@@ -3,7 +3,7 @@ computes it, for the reference (`__launch_bounds__(128, kMinBlocksPerSm = 1)`) a
 kMinBlocksPerSm = 2, with the registers and shared memory behind each figure; and the time of each build's
 4-stage kernel (the one the launcher runs) against cuBLAS at 4096^3 bf16 + GELU.
 
-    python3 site/data/evidence/05-tensor-cores/occupancy.py [IMPL_DIR]   (default: solutions; 1-2 min, two builds)
+    ./course run site/data/evidence/05-tensor-cores/occupancy.py [IMPL_DIR]   (default: solutions; 1-2 min, two builds)
 
 Why: __launch_bounds__'s second argument is a minimum number of resident blocks that ptxas
 must leave room for by capping its register budget (65536 / (128 * 2) = 256 a thread for 2: no cap below
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/05-tensor-cores/
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import build, perf, trees  # noqa: E402
+from coursekit import trees  # noqa: E402
+from harness import build, perf  # noqa: E402
 from harness.mutants import plant  # noqa: E402
 
 SOURCE = sys.argv[1] if len(sys.argv) > 1 else "solutions"

@@ -1,6 +1,6 @@
 """Where does lab 05's time go? Both paths and cuBLAS over shapes and activations, one process.
 
-    python3 site/data/evidence/05-tensor-cores/shapes.py [IMPL_DIR]      (default: solutions)
+    ./course run site/data/evidence/05-tensor-cores/shapes.py [IMPL_DIR]      (default: solutions)
 
 Differences between rows place the time: activation none vs gelu is the epilogue's math; K 4096
 vs 8192 splits a tile's time into a per-k-slice part and a fixed (epilogue) part; 8192^2 outputs
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[4]  # site/data/evidence/05-tensor-cores/
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import build, perf, trees  # noqa: E402
+from coursekit import trees  # noqa: E402
+from harness import build, perf  # noqa: E402
 
 lab = trees.find_lab("05")
 module = build.build(lab, trees.resolve_tree(sys.argv[1] if len(sys.argv) > 1 else "solutions"))

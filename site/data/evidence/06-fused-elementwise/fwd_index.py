@@ -1,6 +1,6 @@
 """Lab 06's vectorized forward: does the per-vector 64-bit column remainder cost the bfloat16 erf kernel its speed?
 
-    python3 site/data/evidence/06-fused-elementwise/fwd_index.py
+    ./course run site/data/evidence/06-fused-elementwise/fwd_index.py
     (prints a table; JSON to $OUT/lab06-fwd-index.json)
 
 ncu (site/data/evidence/06-fused-elementwise/ncu.py) counts 80.5M warp instructions for the bfloat16 erf forward at
@@ -29,8 +29,8 @@ import torch
 from torch.utils.cpp_extension import load_inline
 
 ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit, perf  # noqa: E402
+from coursekit import jit  # noqa: E402
+from harness import perf  # noqa: E402
 
 CUDA = r"""
 #include <cuda_bf16.h>

@@ -1,6 +1,6 @@
 """Lab 06, bfloat16 bias + GELU (erf form), (8192, 8192): variants that cut the instructions per element.
 
-    python3 site/data/evidence/06-fused-elementwise/gelu_erf.py [--build-only | --fit | --print-cuda |
+    ./course run site/data/evidence/06-fused-elementwise/gelu_erf.py [--build-only | --fit | --print-cuda |
                                                --emulate LO HI [AMP] [fold] [fp16]]
     (JSON: $OUT/lab06-gelu-erf.json; --emulate: CPU only, site/data/evidence/06-fused-elementwise/gelu_fit.md)
 
@@ -537,8 +537,8 @@ if "--fit" in sys.argv:
         print(f"degree {deg}: weighted error {err:.2e}\n  " + ", ".join(f"{c.hex()}f" for c in coef))
     sys.exit(0)
 
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit, perf  # noqa: E402
+from coursekit import jit  # noqa: E402
+from harness import perf  # noqa: E402
 from harness.check import GradeFailure, assert_flash_rule  # noqa: E402
 
 jit.ensure_arch_list()

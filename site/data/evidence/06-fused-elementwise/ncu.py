@@ -2,7 +2,7 @@
 
     ncu --kernel-name regex:bias_gelu_vectorized --section SpeedOfLight --section ComputeWorkloadAnalysis \
         --section InstructionStats --section WarpStateStats --section Occupancy \
-        python3 site/data/evidence/06-fused-elementwise/ncu.py
+        ./course run site/data/evidence/06-fused-elementwise/ncu.py
 
 One launch each, in this order, at x = (8192, 8192): float32 erf, bfloat16 erf, bfloat16 tanh (each bfloat16
 forward followed by its backward, which a --kernel-name regex:bias_gelu_backward_kernel run profiles). The three
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
-from harness import build, trees  # noqa: E402
+from coursekit import trees  # noqa: E402
+from harness import build  # noqa: E402
 
 os.environ[trees.IMPL_ENV] = sys.argv[1] if len(sys.argv) > 1 else "solutions"
 LAB = harness.lab("06")

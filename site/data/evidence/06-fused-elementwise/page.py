@@ -1,6 +1,6 @@
 """Every figure lesson 06's page quotes, measured in one process on the GPU box.
 
-    python3 site/data/evidence/06-fused-elementwise/page.py [IMPL_DIR]
+    ./course run site/data/evidence/06-fused-elementwise/page.py [IMPL_DIR]
     (default: solutions; JSON to $OUT/lab06-page.json)
 
 At x = (8192, 8192), float32 and bfloat16 (S = the bytes of one such tensor):
@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
-from harness import build, jit, perf, trees  # noqa: E402
+from coursekit import jit, trees  # noqa: E402
+from harness import build, perf  # noqa: E402
 
 os.environ[trees.IMPL_ENV] = sys.argv[1] if len(sys.argv) > 1 else "solutions"  # the tree harness.lab("06") takes
 

@@ -1,6 +1,6 @@
 """Lab 07, softmax: the on-chip path against the streaming path at every row length it takes, float32 and bfloat16.
 
-    python3 site/data/evidence/07-fused-normalization/on_chip_rows.py [--impl solutions|labs]
+    ./course run site/data/evidence/07-fused-normalization/on_chip_rows.py [--impl solutions|labs]
     (JSON: $OUT/lab07-on-chip-rows.json)
 
 Why: issue 13 adopted the on-chip kernels for rows past the register path (8193 and longer) up to what the GPU holds
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[4]
 if {"-h", "--help"} & set(sys.argv[1:]):
     print(__doc__)
     sys.exit(0)
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit, perf  # noqa: E402
+from coursekit import jit  # noqa: E402
+from harness import perf  # noqa: E402
 
 IMPL = sys.argv[sys.argv.index("--impl") + 1] if "--impl" in sys.argv else "solutions"
 LENGTHS = (8196, 12288, 16384, 24576, 32768, 40960, 49152, 57344, 65536)

@@ -1,6 +1,6 @@
 """Lab 07, issue 13's "forward + backward >= 1.1x torch.compile of the composition", measured three ways.
 
-    python3 site/data/evidence/07-fused-normalization/pair.py [--impl solutions] [--reps 30]
+    ./course run site/data/evidence/07-fused-normalization/pair.py [--impl solutions] [--reps 30]
     (JSON: $OUT/lab07-pair.json)
 
 Why: the grader's perf test (tests/grader07/perf.py, test_perf_rms_norm_forward_backward_vs_compiled)
@@ -9,7 +9,7 @@ the CPU queues a call's work faster than the GPU runs it. The compiled side's CP
 against about 510 us of GPU time (NOTES.md@8a81008, 2026-11-26), and its timed figure moved between processes
 (0.511, 0.581, 0.709 ms). Here, at (8, 4096, 4096) bfloat16, the lab's autograd.py (forward and backward through the
 lab's kernels) and torch.compile of the grader's composition, forward and backward:
-  events    the grader's timer (tests/harness/jit.py, interleaved, L2 flushed before each call);
+  events    the grader's timer (coursekit/jit.py, interleaved, L2 flushed before each call);
   graphs    each side captured once in a CUDA graph and replayed with the same timer: no CPU time in either;
   kernels   the profiler's CUDA activity over `reps` calls, each after the L2 flush: per call the sum of its kernels'
             times and its span (first kernel's start to last kernel's end, gaps included), medians, and each
@@ -31,8 +31,7 @@ ROOT = Path(__file__).resolve().parents[4]
 if {"-h", "--help"} & set(sys.argv[1:]):
     print(__doc__)
     sys.exit(0)
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit  # noqa: E402
+from coursekit import jit  # noqa: E402
 
 IMPL = sys.argv[sys.argv.index("--impl") + 1] if "--impl" in sys.argv else "solutions"
 REPS = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 30

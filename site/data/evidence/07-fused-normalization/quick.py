@@ -1,6 +1,7 @@
 """Lab 07's reference on the GPU box before its grader exists: right answers on every path, then the speed cases.
 
-    python3 site/data/evidence/07-fused-normalization/quick.py [--speed] [IMPL_DIR]     (JSON to $OUT/lab07-quick.json)
+    ./course run site/data/evidence/07-fused-normalization/quick.py [--speed] [IMPL_DIR]
+        (JSON to $OUT/lab07-quick.json)
 
 Correctness: max relative error (normwise) against float64 for softmax / RMSNorm forward and backward, each path,
 float32 / bfloat16, a few odd shapes. Speed (CUDA events, interleaved medians, L2 flushed): the issue's cases, as
@@ -21,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[4]
 if {"-h", "--help"} & set(sys.argv[1:]):
     print(__doc__)
     sys.exit(0)
-sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
-from harness import build, jit, perf, trees  # noqa: E402
+from coursekit import jit, trees  # noqa: E402
+from harness import build, perf  # noqa: E402
 
 SPEED_ONLY = "--speed" in sys.argv  # skip the correctness table
 args = [a for a in sys.argv[1:] if a != "--speed"]

@@ -1,6 +1,6 @@
 """Lab 07, RMSNorm backward at (8, 4096, 4096) bfloat16: more bytes in flight per SM.
 
-    python3 site/data/evidence/07-fused-normalization/rms_bwd.py [--build-only | --print-cuda]
+    ./course run site/data/evidence/07-fused-normalization/rms_bwd.py [--build-only | --print-cuda]
     (JSON: $OUT/lab07-rms-bwd.json)
 
 Why: the lab's backward (solutions/07-fused-normalization/rms_norm.cu, register path: a 256-thread block a row, 16
@@ -793,8 +793,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("bwd", &bwd); }
 """
 if "--print-cuda" in sys.argv:
     sys.exit(print(CUDA))
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit, perf  # noqa: E402
+from coursekit import jit  # noqa: E402
+from harness import perf  # noqa: E402
 from harness.check import GradeFailure, assert_flash_rule  # noqa: E402
 
 jit.ensure_arch_list()

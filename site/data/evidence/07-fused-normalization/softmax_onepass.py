@@ -1,6 +1,6 @@
 """Lab 07, softmax over long rows (4096 x 65536 float32): the whole 256 KiB row on chip, read from HBM once.
 
-    python3 site/data/evidence/07-fused-normalization/softmax_onepass.py [--build-only | --print-cuda]
+    ./course run site/data/evidence/07-fused-normalization/softmax_onepass.py [--build-only | --print-cuda]
     (JSON: $OUT/lab07-softmax-onepass.json)
 
 Why: issue 13 asks >= 0.85x copy for long rows, forward (2S bytes) and backward (3S); the lab's streaming kernels
@@ -337,8 +337,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 if "--print-cuda" in sys.argv:
     sys.exit(print(CUDA))
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit, perf  # noqa: E402
+from coursekit import jit  # noqa: E402
+from harness import perf  # noqa: E402
 
 jit.ensure_arch_list()
 mod = load_inline("lab07_softmax_onepass", CPP, cuda_sources=CUDA, extra_cuda_cflags=jit.NVCC_FLAGS)

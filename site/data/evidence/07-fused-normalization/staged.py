@@ -1,12 +1,12 @@
 """Lab 07's RMSNorm backward, the staged kernel against the register kernel, over the staged bucket's shapes.
 
-    python3 site/data/evidence/07-fused-normalization/staged.py [--impl solutions] [--first]
+    ./course run site/data/evidence/07-fused-normalization/staged.py [--impl solutions] [--first]
     (JSON: $OUT/lab07-staged.json)
 
 The staged kernel (solutions/07-fused-normalization/rms_norm.cu, rms_norm_backward_staged_kernel) takes 16-bit rows
 of 2049-4096 elements and float rows of 1025-2048 under path='auto'; path='registers' forces the register kernel.
 Each shape: both paths' backward (the main kernel and the finalize), milliseconds and % of a copy of the same bytes
-(3 tensors: grad_y and x read, grad_x written), timed in turn in one process (tests/harness/jit.py's timer, L2
+(3 tensors: grad_y and x read, grad_x written), timed in turn in one process (coursekit/jit.py's timer, L2
 flushed before each call); grad_x of the two paths compared bit for bit first.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[4]
 if {"-h", "--help"} & set(sys.argv[1:]):
     print(__doc__)
     sys.exit(0)
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import jit, perf  # noqa: E402
+from coursekit import jit  # noqa: E402
+from harness import perf  # noqa: E402
 
 IMPL = sys.argv[sys.argv.index("--impl") + 1] if "--impl" in sys.argv else "solutions"
 SHAPES = [((8, 4096, 4096), torch.bfloat16), ((8, 4096, 4096), torch.float16), ((4096, 4096), torch.bfloat16),

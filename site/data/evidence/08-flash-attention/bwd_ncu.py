@@ -2,7 +2,7 @@
 
     ncu --kernel-name regex:flash_backward_hopper_kernel --launch-count 1 \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_red.sum \
-        python3 site/data/evidence/08-flash-attention/bwd_ncu.py [TREE]
+        ./course run site/data/evidence/08-flash-attention/bwd_ncu.py [TREE]
 
 (8, 2048, 16 query heads on 4 kv heads, d128, causal, bf16), path='hopper'. With the dQ atomics taken out the kernel
 took 1.073 ms against 1.315 (hopper_backward_order.json beside this file): the counters say whether the partial
@@ -12,7 +12,6 @@ it gave are in hopper_backward_dram.json beside this file. TREE: the lab tree to
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -25,8 +24,8 @@ def main() -> None:
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from harness import build, trees
+    from coursekit import trees
+    from harness import build
 
     module = build.build(trees.find_lab("08"), trees.resolve_tree(args.tree))
     torch.manual_seed(0)

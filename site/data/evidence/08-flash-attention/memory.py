@@ -1,7 +1,7 @@
 """Lab 08, peak memory against sequence length: flash forward + backward against the naive rung and SDPA's math
 backend (forward + backward at seqlen 16384 must stay O(N)).
 
-    python3 site/data/evidence/08-flash-attention/memory.py      (JSON: $OUT/lab08-memory.json, else build/)
+    ./course run site/data/evidence/08-flash-attention/memory.py      (JSON: $OUT/lab08-memory.json, else build/)
 
 Batch 1, 16 heads, head_dim 64, causal, bfloat16.
 For each N: the bytes allocated at the peak of the call beyond what was allocated before it
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -30,8 +29,7 @@ def main() -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from harness import jit
+    from coursekit import jit
 
     jit.ensure_arch_list()
     lab = jit.load_lab(ROOT / "solutions" / "08-flash-attention", ROOT)

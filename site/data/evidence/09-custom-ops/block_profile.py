@@ -1,8 +1,8 @@
 """Lesson 09: where the decoder block's forward+backward time goes, the course's ops against PyTorch's, by kernel.
 
-    python3 site/data/evidence/09-custom-ops/block_profile.py [eager|compiled ...]
+    ./course run site/data/evidence/09-custom-ops/block_profile.py [eager|compiled ...]
         (GPU; JSON to $OUT/lab09-block-profile.json)
-    python3 site/data/evidence/09-custom-ops/block_profile.py --evidence RAW.json   (no GPU: RAW.json, the GPU run's
+    ./course run site/data/evidence/09-custom-ops/block_profile.py --evidence RAW.json  (no GPU: RAW.json, the GPU run's
         output, summed into the lesson's table, site/data/evidence/09-custom-ops/block_profile.json)
 
 The grader's perf case (test_09 BLOCK_PERF: batch 8, seqlen 2048, hidden 2048, 16 heads, 4 KV heads, bf16), its
@@ -120,7 +120,7 @@ def evidence(raw_path: Path, name: str = "block_profile", source: str | None = N
         "gpu": raw["gpu"], "torch": raw["torch"], "date": date or raw["date"],
         "command": "python3 site/data/evidence/09-custom-ops/block_profile.py eager compiled",
         "source": f"{source or _relative(raw_path)} (the GPU run's output), summed by "
-                  "`python3 site/data/evidence/09-custom-ops/block_profile.py --evidence` into these rows",
+                  "`./course run site/data/evidence/09-custom-ops/block_profile.py --evidence` into these rows",
         "shape": raw["shape"], "heads": raw["heads"], "kv_heads": raw["kv_heads"],
         # derived: PyTorch's step over ours (higher is faster), and the differences the lesson names
         "step_ratio_eager": round(step["torch_eager"] / step["course_eager"], 4),
@@ -163,7 +163,6 @@ def main() -> None:
         print(__doc__)
         return
     global T
-    sys.path.insert(0, str(ROOT / "tests"))
     os.environ.setdefault("COURSE_IMPL", "solutions")
     from grader09 import speed  # the grader's block, ops and step: one source of truth
 

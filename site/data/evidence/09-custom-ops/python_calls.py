@@ -1,6 +1,6 @@
 """Lesson 09, section 1: how many Python functions one call of the same `2 * x` runs, by how it is bound.
 
-    python3 site/data/evidence/09-custom-ops/python_calls.py [--out FOLDER]   (CPU only: no GPU needed)
+    ./course run site/data/evidence/09-custom-ops/python_calls.py [--out FOLDER]   (CPU only: no GPU needed)
 
 Builds two tiny CPU extensions with torch.utils.cpp_extension.load_inline: a pybind11 function `twice` and a
 TORCH_LIBRARY op `course_calls::twice` (+ `twice_plain`, with no autograd kernel), registers a fake and an autograd

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lab 10's first GPU run (issue 18): one device call of at most 9 minutes, from the repository root, with .whl/
-# carried: it must hold nvidia_cutlass-4.2.0.0-py3-none-any.whl (the box has no network; tools/course/cutlass.py
+# carried: it must hold nvidia_cutlass-4.2.0.0-py3-none-any.whl (the box has no network; coursekit/cutlass.py
 # finds the wheel in .whl/ and installs CUTLASS's headers from it with pip --no-index into the course cache) and the
 # notebook wheels (nbclient, ipykernel, ...) for the notebook test.
 #   bash site/data/evidence/10-cutlass/first_run.sh        results: $OUT/r.tgz (one log per step, lab10_smoke.json,
@@ -13,7 +13,7 @@ set -u
 # shellcheck source=../../../../tools/gpu/call_prelude.sh
 source tools/gpu/call_prelude.sh
 # 1. the headers, offline, from the carried wheel: prints the two include folders, then doctor's line.
-step cutlass 15 "python3 tools/course/cutlass.py && python3 tools/course/cutlass.py --check"
+step cutlass 15 "python3 -m coursekit.cutlass && python3 -m coursekit.cutlass --check"
 # 2. cold builds: lab 10 (its CUTLASS file took 90-115 s on a loaded 2-core machine without a GPU) beside lesson 05's
 #    solutions (the perf cases' yardstick). '[course] built 10-cutlass ... in N s' is lab 10's cold build time, with
 #    lab 05 compiling on other cores at the same time. No -v: its ptxas flag would make the grader rebuild.
@@ -25,7 +25,7 @@ fi
 # 3. each case alone, smallest first (site/data/evidence/10-cutlass/smoke.py): the last line before a hang names the case;
 #    a wrong output is matched against a few wrong formulas. No lab10_smoke.json = killed (a hang) or crashed: the
 #    grader would hang the same way, so its steps are skipped.
-step smoke 60 "python3 site/data/evidence/10-cutlass/smoke.py"
+step smoke 60 "./course run site/data/evidence/10-cutlass/smoke.py"
 if [ ! -f "$R/lab10_smoke.json" ]; then
   echo "=== the smoke pass was killed or crashed: test and bench skipped (smoke.txt's last line names the case)"
   finish; exit 0

@@ -1,6 +1,6 @@
 """Lab 10's first launches, one case at a time, before the grader runs (issue 18): which case fails, and how.
 
-    timeout 60 python3 site/data/evidence/10-cutlass/smoke.py [--impl solutions] [--skip-perf]
+    timeout 60 ./course run site/data/evidence/10-cutlass/smoke.py [--impl solutions] [--skip-perf]
 
 Step 3 of first_run.sh (beside this file), between the build and `./course test 10`. The CUTLASS kernel had never
 run; if it hangs or faults, the grader's log says little about where. Here each case is launched alone, smallest
@@ -10,7 +10,7 @@ CUDA error (the context is then lost) stops the pass. Per case: whether the grad
 NaN buffer: NaN = never written), rows past M written, and, when wrong, which of a few wrong formulas the output is
 closest to (no GELU, no bias, bias on the wrong axis, acc alone, gelu(bias) alone), so one run points at the EVT
 node or argument at fault. Then the CUDA-graph replay (the current stream) and, unless --skip-perf, 4096^3 against
-torch.matmul and gelu(addmm) (CUDA events, L2 flushed, median of 25: harness.jit.interleaved_median_ms).
+torch.matmul and gelu(addmm) (CUDA events, L2 flushed, median of 25: coursekit.jit.interleaved_median_ms).
 Results also go to $OUT/lab10_smoke.json, written even when a case fails (not when the process is killed: its
 absence means a hang or a crash, and first_run.sh then skips the grader's steps).
 """
@@ -39,13 +39,13 @@ def main() -> int:
     parser.add_argument("--skip-perf", action="store_true", help="no 4096^3 timing")
     args = parser.parse_args()
     os.environ["COURSE_IMPL"] = args.impl  # the grader's LAB handle (check_output's tile) is this build
-    sys.path.insert(0, str(ROOT / "tests"))
     import test_10_cutlass as T
     import torch
     import torch.nn.functional as F
 
-    from harness import build, trees
-    from harness.jit import interleaved_median_ms
+    from coursekit import trees
+    from coursekit.jit import interleaved_median_ms
+    from harness import build
 
     results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
     out_dir = os.environ.get("OUT")

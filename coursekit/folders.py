@@ -12,8 +12,8 @@ a folder through these helpers:
   - the final name holds a key of everything the output is made from (content_key), so an output that exists is
     current and a changed source gets a new name instead of overwriting what another run may be reading.
 
-Standard library only: tools outside the harness package load this file by path (tools/course/env.py,
-solutions/09-custom-ops/stable/stable_tools.py).
+Standard library only, like all of coursekit: the CLI (coursekit/env.py) and lab 09's stable_tools.py import it
+without torch.
 """
 from __future__ import annotations
 

@@ -19,39 +19,9 @@ import sys
 import venv
 from pathlib import Path
 
-# tests/harness/trees.py knows every path of the repository; this is the one path computed here.
-_TREES_PY = Path(__file__).resolve().parents[2] / "tests" / "harness" / "trees.py"
+from coursekit import folders, trees
 
-
-def _load_harness_module(name: str, alias: str):
-    """tests/harness/NAME.py loaded once by file path, as sys.modules[alias]: importing the tests.harness
-    package would import torch. Only for the harness modules that use the standard library alone."""
-    module = sys.modules.get(alias)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(alias, _TREES_PY.with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[alias] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-def load_trees():
-    """tests/harness/trees.py (paths, and the names the CLI shares with the harness)."""
-    return _load_harness_module("trees", "course_trees")
-
-
-def load_jit():
-    """tests/harness/jit.py (the grader's build rules: a lab's sources and the labs its depends.txt names)."""
-    return _load_harness_module("jit", "course_jit")
-
-
-def load_folders():
-    """tests/harness/folders.py (a build folder's lock, outputs published whole by a rename)."""
-    return _load_harness_module("folders", "course_folders")
-
-
-ROOT = load_trees().ROOT
-load_folders()  # now, on import: lab 09's build threads use it, and must not find it half loaded
+ROOT = trees.ROOT
 REQUIREMENTS = ROOT / "requirements"
 # What must import for a group to count as present in the running python.
 GROUP_MODULES = {
@@ -106,7 +76,6 @@ def bdist_wheel_path() -> str | None:
     stamp = target / ".installed"
     if stamp.exists():
         return str(target)
-    folders = load_folders()
     # A class's lab 09 runs all ask at once on a fresh machine: one installs, into a folder of its own that is
     # renamed into place whole with its stamp, and the others wait for it and find it.
     with folders.exclusive(cache_dir() / "pip-target.locks"):

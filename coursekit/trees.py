@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "labs"
 SOLUTIONS = ROOT / "solutions"
 TESTS = ROOT / "tests"
@@ -38,7 +38,7 @@ SEED_ENV = "COURSE_SEED"
 # A tree whose build of a lab the graded tree may use when every file the compiler reads is the same in both (a
 # known-wrong variant that edits only a Python file: harness.mutants sets it to solutions/; harness/build.py).
 BUILD_FROM_ENV = "COURSE_BUILD_FROM"
-# The compute capability an older GPU is simulated as (harness/jit.py: simulated_arch); its builds go to folders of
+# The compute capability an older GPU is simulated as (coursekit/jit.py: simulated_arch); its builds go to folders of
 # their own (Lab.build_dir), so switching the simulation on and off rebuilds nothing.
 TARGET_ARCH_ENV = "COURSE_TARGET_ARCH"
 SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selected tests (tests/conftest.py)
@@ -63,6 +63,16 @@ LOGS = BUILD / "logs"
 # What Lab.build_dir makes, one folder per tree and lab: the grader's JIT build (and the notebook run, which reuses
 # it); lab 09's ahead-of-time builds, the CMake op library and the course_ops wheel; its stable-ABI wheel.
 BUILD_KINDS = ("jit", "aot-cmake", "aot-wheel", "stable-abi")
+# The import roots of every course process: the repository root (coursekit) and tests/ (harness, the graders). The
+# ./course launcher exports them as PYTHONPATH; pythonpath() gives the same to a child started with an environment
+# of its own.
+IMPORT_ROOTS = (ROOT, TESTS)
+
+
+def pythonpath(existing: str | None = None) -> str:
+    """PYTHONPATH for a child process: IMPORT_ROOTS, then `existing` (the caller's PYTHONPATH) without repeats."""
+    entries = [str(p) for p in IMPORT_ROOTS] + [e for e in (existing or "").split(os.pathsep) if e]
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 def seed() -> int:

@@ -1,8 +1,8 @@
 """CUTLASS's C++ headers from a pinned package, not a copy in the repository (issue 18).
 
-    python3 tools/course/cutlass.py            # the include folders, one a line (installs them on first use)
-    python3 tools/course/cutlass.py --flags    # the same as compiler flags: -I... -I...
-    python3 tools/course/cutlass.py --check    # only look: exit 1 (and say how to fix it) when not installed
+    python3 -m coursekit.cutlass            # the include folders, one a line (installs them on first use)
+    python3 -m coursekit.cutlass --flags    # the same as compiler flags: -I... -I...
+    python3 -m coursekit.cutlass --check    # only look: exit 1 (and say how to fix it) when not installed
 
 The `nvidia-cutlass` wheel on PyPI (pure Python, py3-none-any) carries CUTLASS's whole source tree under
 cutlass_library/source/: include/ (cutlass/ and cute/) and tools/util/include/ (cutlass/util/: packed_stride,
@@ -12,7 +12,7 @@ needs only the headers, so it is installed with --no-deps and never imported.
 Where the headers are taken from, first match wins:
   1. COURSE_CUTLASS_INCLUDE: an include folder given by hand (a CUTLASS checkout's include/; tools/util/include
      beside it is added when present);
-  2. <cache>/cutlass-<PIN>/, the install this module makes (tools/course/env.py's cache_dir(), outside the clone,
+  2. <cache>/cutlass-<PIN>/, the install this module makes (coursekit/env.py's cache_dir(), outside the clone,
      keyed by the pin, so a warm machine makes it once); complete only with its stamp file, written after pip
      succeeds: a half-made folder is removed and made again;
   3. otherwise it is made now: `pip install --no-deps --target` of the pinned wheel, from a wheel file in the
@@ -32,29 +32,19 @@ import sys
 import time
 from pathlib import Path
 
+from coursekit import env, trees
+
 PIN = "4.2.0.0"  # the newest nvidia-cutlass on PyPI on 2026-11-25 (CUTLASS 4.2.0, Sept 2025)
 PACKAGE = "nvidia-cutlass"
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = trees.ROOT
 WHEELHOUSE = ROOT / ".whl"
 STAMP = ".installed"
 # Inside the wheel, relative to the folder pip --target writes.
 INCLUDE_SUBDIRS = ("cutlass_library/source/include", "cutlass_library/source/tools/util/include")
 
 
-def _course_env():
-    """tools/course/env.py, loaded by path (tools/ is not a package); it imports no torch."""
-    module = sys.modules.get("course_env")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("course_env", HERE / "env.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["course_env"] = module
-        spec.loader.exec_module(module)
-    return module
-
-
 def install_dir(pin: str = PIN) -> Path:
-    return _course_env().cache_dir() / f"cutlass-{pin}"
+    return env.cache_dir() / f"cutlass-{pin}"
 
 
 def _from_environment() -> list[Path] | None:
@@ -87,7 +77,7 @@ def _pip_python() -> str:
     """A python with pip: this one, else the course's virtualenv (created by ./course test)."""
     if importlib.util.find_spec("pip") is not None:
         return sys.executable
-    venv = _course_env().venv_python()
+    venv = env.venv_python()
     if venv.exists():
         return str(venv)
     raise RuntimeError(f"no pip in {sys.executable} and no course virtualenv: run ./course test once, or install "
@@ -175,7 +165,7 @@ def check(pin: str = PIN) -> tuple[bool, str]:
         return True, f"CUTLASS {version(dirs[0])} ({PACKAGE}=={pin}) in {install_dir(pin)}"
     how = f"the wheel in {local_wheel(pin)}" if local_wheel(pin) else f"PyPI ({PACKAGE}=={pin})"
     return False, (f"CUTLASS's headers are not installed yet (lab 10 installs them on first build, from {how}); "
-                   f"to do it now: python3 tools/course/cutlass.py")
+                   f"to do it now: python3 -m coursekit.cutlass")
 
 
 def main(argv: list[str] | None = None) -> int:
