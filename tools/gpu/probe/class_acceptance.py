@@ -107,8 +107,11 @@ def start(args: list[str]) -> None:
                     ignore=shutil.ignore_patterns("build", ".git", ".whl", ".venv", "__pycache__"))
     log = (SNAPSHOT / "log.txt").open("w")
     probe = repo / Path(__file__).resolve().relative_to(ROOT)
+    # The copy's own import roots (./course's), not this checkout's: the copy is what the device tool cannot touch.
+    roots = os.pathsep.join([str(repo), str(repo / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
     subprocess.Popen([sys.executable, str(probe), "run-modes", students, modes, labs], cwd=repo, stdout=log,
-                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                     env=dict(os.environ, PYTHONPATH=roots))
     print(f"grading {students} students x every lab in {repo}, modes {modes}; log {SNAPSHOT / 'log.txt'}")
 
 
