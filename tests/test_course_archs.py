@@ -6,6 +6,7 @@ about 3 minutes for all of them on a 2-core machine. Issue 14's "compile-checked
 """
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,23 @@ def test_kernel_files_include_no_torch_header():
     assert not offenders, f"kernel files that include a PyTorch header: {offenders}"
 
 
+# A compile that passed leaves a stamp named by everything it could have read (the file, its lab folder's and
+# include/'s headers, the flags, nvcc itself): a run with the same inputs passes without compiling again (80 s of
+# a warm CI run's self-tests went to these compiles); any edit gives a new name.
+STAMPS = trees.BUILD / "arch-checks"
+HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inc")
+
+
+def _inputs_key(path: Path, command: list[str]) -> str:
+    digest = hashlib.sha256("\0".join(command).encode())
+    nvcc = NVCC.stat()
+    digest.update(f"{NVCC.resolve()}:{nvcc.st_size}:{nvcc.st_mtime_ns}".encode())
+    for file in [path, *sorted(p for folder in (path.parent, trees.ROOT / "include") for p in folder.rglob("*")
+                               if p.suffix in HEADER_SUFFIXES)]:
+        digest.update(str(file.relative_to(trees.ROOT)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:32]
+
+
 @pytest.mark.skipif(not NVCC.is_file(), reason="needs nvcc (the CUDA toolkit torch builds with) on this machine")
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: f"{p.parent.name[:2]}-{p.stem}")
@@ -36,8 +54,13 @@ def test_kernel_file_compiles_for(path, arch):
     # CUTLASS's host/device constexpr calls need --expt-relaxed-constexpr (which torch's JIT build passes too).
     packages = [f"-I{d}" for d in jit.lab_include_paths(path.parent, trees.ROOT)]
     packages += ["--expt-relaxed-constexpr"] if packages else []
-    run = subprocess.run([str(NVCC), "-std=c++17", "-cubin", f"-arch={arch}", "-I", str(trees.ROOT / "include"),
-                          *packages, "-o", "/dev/null", path.name], cwd=path.parent, capture_output=True, text=True,
-                         timeout=300)
+    command = [str(NVCC), "-std=c++17", "-cubin", f"-arch={arch}", "-I", str(trees.ROOT / "include"), *packages,
+               "-o", "/dev/null", path.name]
+    stamp = STAMPS / f"{path.parent.name}-{path.stem}-{arch}-{_inputs_key(path, command)}.ok"
+    if stamp.is_file():
+        return  # these very inputs compiled before
+    run = subprocess.run(command, cwd=path.parent, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, (f"{path.relative_to(trees.ROOT)} does not compile for {arch}:\n"
                                  + (run.stderr or run.stdout)[-3000:])
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(" ".join(command) + "\n")
