@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch.utils.cpp_extension import CUDA_HOME
 
-from coursekit import jit, trees
+from coursekit import env, jit, trees
 
 ARCHS = ("sm_75", "sm_80")
 KERNEL_FILES = sorted(p for lab in trees.all_labs() for p in lab.dir_in(trees.resolve_tree("solutions")).glob("*.cu"))
@@ -30,14 +30,15 @@ def test_kernel_files_include_no_torch_header():
 
 
 # A compile that passed leaves a stamp named by everything it could have read (the file, its lab folder's and
-# include/'s headers, the flags, nvcc itself): a run with the same inputs passes without compiling again (80 s of
-# a warm CI run's self-tests went to these compiles); any edit gives a new name.
-STAMPS = trees.BUILD / "arch-checks"
+# include/'s headers by their paths in the repository, the flags, nvcc itself): a run with the same inputs passes
+# without compiling again (80 s of a warm CI run's self-tests went to these compiles); any edit gives a new name.
+# Kept in the cache outside the clone, as the venv and the compiler cache are, so a fresh clone of the same code hits.
+STAMPS = env.cache_dir() / "arch-checks"
 HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inc")
 
 
 def _inputs_key(path: Path, command: list[str]) -> str:
-    digest = hashlib.sha256("\0".join(command).encode())
+    digest = hashlib.sha256("\0".join(command).replace(str(trees.ROOT), "<root>").encode())  # any clone: one key
     nvcc = NVCC.stat()
     digest.update(f"{NVCC.resolve()}:{nvcc.st_size}:{nvcc.st_mtime_ns}".encode())
     for file in [path, *sorted(p for folder in (path.parent, trees.ROOT / "include") for p in folder.rglob("*")
