@@ -265,11 +265,13 @@ def test_a_run_killed_at_its_deadline_leaves_no_process_of_it_behind(tmp_path):
     assert time.monotonic() - started > 4.5, "the build counted against the run's deadline"
     assert "a slow build, not a hanging kernel" in result["error"] and "hangs" not in result["error"], result["error"]
     assert result["phases"]["build"] > 4, result["phases"]
-    # Built (build_s) for longer than the deadline, then hung: killed 2 s after the build, called a hang.
-    fake.write_text(f"#!/bin/sh\necho '{{\"collected_at\": '$(date +%s)', \"build_s\": 30.0}}' > {timing_file}\n"
+    # Built (build_s) for longer than the deadline, then hung: killed 2 s after the build's 3 s, called a hang.
+    fake.write_text(f"#!/bin/sh\necho '{{\"collected_at\": '$(date +%s)', \"build_s\": 3.0}}' > {timing_file}\n"
                     "sleep 300\n")
+    started = time.monotonic()
     result = runner.run_pytest(str(fake), [], impl="labs", label="deadline-probe", lab_number="00", verbose=False,
                                deadline_s=2, quiet=True)
+    assert time.monotonic() - started > 4.5, "the finished build counted against the run's deadline"
     assert "its builds not counted" in result["error"] and "hangs" in result["error"], result["error"]
 
 
