@@ -17,6 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Callable, Sequence
 
+from . import trees
+
 CXX_FLAGS = ["-O3", "-std=c++17"]
 # -lineinfo maps SASS back to source lines for Nsight Compute and compute-sanitizer at no speed cost.
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
@@ -34,7 +36,7 @@ SOURCE_SUFFIXES = (".cu", ".cpp")
 # sets): the compute capability the launchers dispatch on, the shared memory a block may opt in to (a kernel that
 # asks for more fails as it would there), SMs, threads and blocks per SM, L2. Speed is not measured in this mode.
 # Each row is one real GPU of that capability, from NVIDIA's data sheets and the CUDA programming guide's tables.
-TARGET_ARCH_ENV, TARGET_LIMITS_ENV = "COURSE_TARGET_ARCH", "COURSE_TARGET_LIMITS"  # trees.TARGET_ARCH_ENV too
+TARGET_ARCH_ENV, TARGET_LIMITS_ENV = trees.TARGET_ARCH_ENV, "COURSE_TARGET_LIMITS"
 KiB, MiB = 1024, 1024 * 1024
 TARGET_GPUS = {
     "7.5": {"name": "Tesla T4", "sms": 40, "threads_per_sm": 1024, "blocks_per_sm": 16,
@@ -242,8 +244,7 @@ def notebook_build_dir(lab_dir: str | Path, root: str | Path) -> Path:
     """ROOT/build/notebook/<tree>/<lab>, e.g. build/notebook/labs/00-first-kernel (created), or the
     grader's own build folder when it runs the notebook."""
     lab_dir = Path(lab_dir)
-    arch = simulated_arch()
-    kind = f"notebook-sm{arch.replace('.', '')}" if arch else "notebook"  # a simulation's build beside the real one
+    kind = trees.simulated_folder("notebook")  # a simulation's build beside the real one
     path = Path(os.environ.get(BUILD_DIR_ENV) or Path(root) / "build" / kind / lab_dir.parent.name / lab_dir.name)
     path.mkdir(parents=True, exist_ok=True)
     return path

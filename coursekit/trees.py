@@ -41,6 +41,12 @@ BUILD_FROM_ENV = "COURSE_BUILD_FROM"
 # The compute capability an older GPU is simulated as (coursekit/jit.py: simulated_arch); its builds go to folders of
 # their own (Lab.build_dir), so switching the simulation on and off rebuilds nothing.
 TARGET_ARCH_ENV = "COURSE_TARGET_ARCH"
+
+
+def simulated_folder(kind: str) -> str:
+    """A build folder kind ("jit", "notebook"), or kind-smNN while an older GPU is simulated (TARGET_ARCH_ENV)."""
+    arch = os.environ.get(TARGET_ARCH_ENV, "").strip()
+    return f"{kind}-sm{arch.replace('.', '')}" if arch else kind
 SHARD_ENV = "COURSE_TEST_SHARD"  # I/N: pytest keeps the I-th of every N selected tests (tests/conftest.py)
 # A file `./course grade` holds while the lab's notebook runs beside the graded run: that run takes its timed
 # (perf, large) cases last and starts them once the file is gone (tests/conftest.py), so no timing shares the GPU.
@@ -164,8 +170,7 @@ class Lab:
         runs of different trees (a class) never share one. Kinds: BUILD_KINDS."""
         if kind not in BUILD_KINDS:
             raise ValueError(f"build kind {kind!r}: expected one of {', '.join(BUILD_KINDS)}")
-        arch = os.environ.get(TARGET_ARCH_ENV, "").strip()
-        return BUILD / (f"{kind}-sm{arch.replace('.', '')}" if arch else kind) / tree.tag / self.name
+        return BUILD / simulated_folder(kind) / tree.tag / self.name
 
 
 def formatted_cxx_sources() -> list[Path]:

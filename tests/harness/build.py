@@ -69,15 +69,20 @@ class OpLibrary:
 
 def build(lab: trees.Lab, tree: trees.Tree, verbose: bool = False, extra_cuda_cflags: list[str] | None = None):
     """Compile (or reuse) the lab in `tree` and return the imported module (an OpLibrary for an op library)."""
-    same = None if extra_cuda_cflags else same_build_elsewhere(lab, tree)
-    if same is not None:
-        return build(lab, same, verbose)
     key = (tree.tag, lab.name)
     if not extra_cuda_cflags:
         if key in _built:
             return _built[key]
         if key in _failed:
             raise _failed[key]
+        same = same_build_elsewhere(lab, tree)  # its files hashed once: the answer is kept under this tree's key
+        if same is not None:
+            try:
+                _built[key] = build(lab, same, verbose)
+            except Exception as error:
+                _failed[key] = error
+                raise
+            return _built[key]
     timing.build_started()
     try:
         module = _compile_once_more_if_the_machine_failed(lab, tree, verbose, extra_cuda_cflags)

@@ -35,9 +35,11 @@ class Probe:
         return shutil.disk_usage(path).free / 1e9
 
     def torch_facts(self, env) -> dict:
-        if not (env._has_modules(sys.executable, ("torch",)) or env.venv_python().exists()):
-            return {}
-        return torch_facts(self, env.python_for("test"))
+        """torch's facts (asked once per probe: each time a python imports torch)."""
+        if not hasattr(self, "_torch_facts"):
+            has_torch = env._has_modules(sys.executable, ("torch",)) or env.venv_python().exists()
+            self._torch_facts = torch_facts(self, env.python_for("test")) if has_torch else {}
+        return self._torch_facts
 
     def build_locks(self, build: Path) -> list[Path]:
         """load()'s lock files: the grader's builds (build/jit/TREE/LAB) and the notebooks' (build/notebook/...)."""
@@ -238,18 +240,17 @@ def what_runs(root: Path, capability: str | None) -> list[str]:
 
 
 def main(root: Path, trees, env, remove_locks: bool = False) -> int:
-    problems = 0
-    for what, ok, detail in checks(root, trees, env):
+    problems, probe = 0, Probe()
+    for what, ok, detail in checks(root, trees, env, probe):
         problems += not ok
         print(f"{'ok ' if ok else 'FIX'}  {what:<20} {detail}")
-    simulated = os.environ.get("COURSE_TARGET_ARCH", "").strip()  # coursekit/jit.py: TARGET_ARCH_ENV
-    facts = Probe().torch_facts(env) if not simulated else {}
-    capability = simulated or facts.get("cc")
+    simulated = os.environ.get(trees.TARGET_ARCH_ENV, "").strip()
+    capability = simulated or probe.torch_facts(env).get("cc")  # the facts checks() asked for
     if capability:
         print("\n" + "\n".join(what_runs(root, capability)))
     if simulated:
-        print(f"  (COURSE_TARGET_ARCH={simulated}: the grader simulates that GPU on this one)")
-    locks = Probe().build_locks(trees.BUILD)
+        print(f"  ({trees.TARGET_ARCH_ENV}={simulated}: the grader simulates that GPU on this one)")
+    locks = probe.build_locks(trees.BUILD)
     if locks and remove_locks:
         for lock in locks:
             lock.unlink()
